@@ -1,0 +1,1 @@
+"""The Compute Exchange peer: networking, market loop, executor, persistence, CLI."""
