@@ -23,7 +23,7 @@ from typing import Any, NewType, TypeVar
 from protocol.encoding import Value
 from protocol.errors import InvalidMessage, Reason
 
-__all__ = ["SignedInt", "from_value", "to_value"]
+__all__ = ["SignedInt", "bytes_fields", "from_value", "to_value"]
 
 SignedInt = NewType("SignedInt", int)
 
@@ -44,6 +44,20 @@ def from_value(cls: type[T], value: object) -> T:
         InvalidMessage: MISSING_FIELD, UNKNOWN_FIELD or BAD_FIELD, naming the field path.
     """
     return _codec(cls)[1](value, cls.__name__)  # type: ignore[no-any-return]
+
+
+def bytes_fields(value: object, keys: tuple[str, ...], what: str) -> tuple[bytes, ...]:
+    """Unpack a map of exactly ``keys``, each holding bytes (co-signed containers).
+
+    Raises:
+        InvalidMessage: BAD_FIELD.
+    """
+    if not isinstance(value, dict) or value.keys() != set(keys):
+        raise _bad(what, f"expected exactly the fields {', '.join(keys)}")
+    items = tuple(value[k] for k in keys)
+    if not all(type(item) is bytes for item in items):
+        raise _bad(what, "every field is bytes")
+    return items
 
 
 _CODECS: dict[type, tuple[_Encoder, _Decoder]] = {}

@@ -1,0 +1,327 @@
+"""Order book and matching (spec/matching.md).
+
+Rules:
+- Offers are divisible capacity; bids are indivisible jobs. A match reserves the bid's
+  resources from the offer's remaining capacity, so the book never overcommits a provider.
+  A released match (negotiation failed) gives the capacity back and the bid rests again.
+- Price-time priority. Against an incoming bid, the offer with the lowest quote for it wins;
+  against an incoming offer, the bid with the highest budget wins. Ties break by the signed
+  issue time, then by order id, so every node ranks the same book the same way.
+- A trade happens at the resting order's unit prices, and only if every unit price the bid
+  pays is within the bid's limit. The agreement's cap is the quote at those prices.
+- Only active orders (this node's own, or ones it chose to take) start matches; a passive
+  order from gossip only rests, and is matched when an active counter-order meets it.
+- Every constraint of the bid is respected. ``explain`` says, per constraint, how many offers
+  it ruled out, in the spirit of HTCondor's ``condor_q -better-analyze``.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections.abc import Callable, Iterator, Mapping
+from dataclasses import dataclass, field
+from types import MappingProxyType
+
+from protocol.envelope import MessageId, Signed
+from protocol.errors import LocalProtocolError, Reason
+from protocol.messages import Bid, Offer, Prices, Resources, TrustLevel
+from protocol.settlement import quote
+
+__all__ = ["CONSTRAINTS", "Explanation", "Match", "OrderBook", "RestingBid", "RestingOffer"]
+
+Reputation = Mapping[bytes, int]
+_NO_REPUTATION: Reputation = MappingProxyType({})
+
+
+@dataclass(slots=True)
+class RestingOffer:
+    order: Signed[Offer]
+    remaining: Resources
+    active: bool
+
+    @property
+    def offer(self) -> Offer:
+        return self.order.payload
+
+
+@dataclass(slots=True)
+class RestingBid:
+    order: Signed[Bid]
+    active: bool
+    budget: int  # the bid's quote at its own price limits
+
+    @property
+    def bid(self) -> Bid:
+        return self.order.payload
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Match:
+    bid: Signed[Bid]
+    offer: Signed[Offer]
+    prices: Prices
+    resources: Resources
+    max_cost: int
+
+    @property
+    def buyer(self) -> bytes:
+        return self.bid.signer.raw
+
+    @property
+    def provider(self) -> bytes:
+        return self.offer.signer.raw
+
+
+def _gpu_models_fit(bid: Bid, offer: Offer) -> bool:
+    model = bid.constraints.gpu_model
+    if bid.resources.gpus == 0 or model is None:
+        return True
+    return sum(1 for gpu in offer.gpus if gpu.model == model) >= bid.resources.gpus
+
+
+def _region_fits(bid: Bid, offer: Offer) -> bool:
+    return not bid.constraints.regions or offer.region in bid.constraints.regions
+
+
+def _trust_fits(bid: Bid, offer: Offer) -> bool:
+    level = bid.constraints.trust.level
+    return level is TrustLevel.NONE or level in offer.trust
+
+
+# Each constraint: (name, rules-in predicate). The order is the order ``explain`` lists.
+_Check = Callable[[Bid, RestingOffer, Reputation], bool]
+CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
+    ("arch", lambda b, o, r: b.constraints.arch in (None, o.offer.arch)),
+    ("region", lambda b, o, r: _region_fits(b, o.offer)),
+    ("trust", lambda b, o, r: _trust_fits(b, o.offer)),
+    (
+        "reputation",
+        lambda b, o, r: r.get(o.order.signer.raw, 0) >= b.constraints.min_reputation,
+    ),
+    ("gpu-model", lambda b, o, r: _gpu_models_fit(b, o.offer)),
+    ("network", lambda b, o, r: o.offer.network or not b.job.network),
+    ("wall-time", lambda b, o, r: b.job.wall_ms <= o.offer.max_wall_ms),
+    ("capacity", lambda b, o, r: b.resources.fits_in(o.remaining)),
+    ("price", lambda b, o, r: o.offer.prices.all_at_most(b.max_prices, b.resources)),
+)
+
+
+def _fits(bid: Bid, offer: RestingOffer, reputation: Reputation) -> bool:
+    return all(check(bid, offer, reputation) for _, check in CONSTRAINTS)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Explanation:
+    """Why a bid matches no offer: per constraint, how many offers it ruled out."""
+
+    offers: int
+    matching: int
+    ruled_out: dict[str, int]
+    only_reason: dict[str, int]  # offers ruled out by this constraint alone
+    best_quote: int | None  # cheapest offer that passes every constraint but price
+    budget: int  # the bid's quote at its own limits
+
+
+@dataclass(slots=True)
+class OrderBook:
+    """Resting offers and bids of one node. Time comes in as ``now_ms``."""
+
+    offers: dict[MessageId, RestingOffer] = field(default_factory=dict)
+    bids: dict[MessageId, RestingBid] = field(default_factory=dict)
+    _pending: dict[MessageId, RestingBid] = field(default_factory=dict)  # matched bids
+    # Active orders are few (this node's own); indexing them keeps a gossip ingest O(active).
+    _active: set[MessageId] = field(default_factory=set)
+    _expiry: list[tuple[int, MessageId]] = field(default_factory=list)
+
+    def __len__(self) -> int:
+        return len(self.offers) + len(self.bids)
+
+    # -- adding orders ---------------------------------------------------------------
+
+    def add_offer(
+        self,
+        order: Signed[Offer],
+        *,
+        now_ms: int,
+        active: bool = False,
+        reputation: Reputation = _NO_REPUTATION,
+    ) -> list[Match]:
+        """Rest ``order`` and match it against resting bids; returns the matches made."""
+        self._check_new(order.id)
+        resting = RestingOffer(order=order, remaining=order.payload.capacity, active=active)
+        self.offers[order.id] = resting
+        self._rest(order.id, order.expires_ms, active)
+        bids = self.bids.values() if active else (self.bids[k] for k in self._active_bids())
+        candidates = sorted(
+            (b for b in bids if b.order.expires_ms > now_ms),
+            key=lambda b: (-b.budget, b.order.issued_ms, b.order.id),
+        )
+        # Bids rested, so each trades at its own price limits; capacity shrinks as we go.
+        return [
+            self._fill(b, resting, b.bid.max_prices)
+            for b in candidates
+            if _fits(b.bid, resting, reputation)
+        ]
+
+    def add_bid(
+        self,
+        order: Signed[Bid],
+        *,
+        now_ms: int,
+        active: bool = False,
+        reputation: Reputation = _NO_REPUTATION,
+    ) -> list[Match]:
+        """Rest ``order`` or match it at once against the best resting offer."""
+        self._check_new(order.id)
+        bid = order.payload
+        resting_bid = RestingBid(
+            order=order,
+            active=active,
+            budget=quote(bid.max_prices, bid.resources, bid.job.wall_ms),
+        )
+        self.bids[order.id] = resting_bid
+        self._rest(order.id, order.expires_ms, active)
+        return self.rematch(order.id, now_ms=now_ms, reputation=reputation)
+
+    def rematch(
+        self,
+        bid_id: MessageId,
+        *,
+        now_ms: int,
+        exclude: frozenset[MessageId] = frozenset(),
+        reputation: Reputation = _NO_REPUTATION,
+    ) -> list[Match]:
+        """Match a resting bid against the best offer not in ``exclude`` (offers that
+        already refused it). A passive bid is only matched against active offers."""
+        resting_bid = self.bids[bid_id]
+        bid = resting_bid.bid
+        keys = self.offers.keys() if resting_bid.active else self._active_offers()
+        best = min(
+            (
+                (quote(o.offer.prices, bid.resources, bid.job.wall_ms), o.order.issued_ms, key)
+                for key in keys
+                if key not in exclude
+                and (o := self.offers[key]).order.expires_ms > now_ms
+                and _fits(bid, o, reputation)
+            ),
+            default=None,
+        )
+        if best is None:
+            return []
+        offer = self.offers[best[2]]
+        # the offer rested, so the trade is at the offer's prices
+        return [self._fill(resting_bid, offer, offer.offer.prices)]
+
+    def _rest(self, order_id: MessageId, expires_ms: int, active: bool) -> None:
+        heapq.heappush(self._expiry, (expires_ms, order_id))
+        if active:
+            self._active.add(order_id)
+
+    def _active_offers(self) -> list[MessageId]:
+        return [k for k in self._active if k in self.offers]
+
+    def _active_bids(self) -> list[MessageId]:
+        return [k for k in self._active if k in self.bids]
+
+    def _check_new(self, order_id: MessageId) -> None:
+        if order_id in self.offers or order_id in self.bids or order_id in self._pending:
+            raise LocalProtocolError(Reason.REPLAYED, "order is already in the book")
+
+    def reserve(self, offer_id: MessageId, need: Resources) -> None:
+        """Take ``need`` from an offer's remaining capacity (a provider accepting).
+
+        Raises:
+            LocalProtocolError(TERMS_MISMATCH) if it does not fit.
+        """
+        offer = self.offers.get(offer_id)
+        if offer is None or not need.fits_in(offer.remaining):
+            raise LocalProtocolError(Reason.TERMS_MISMATCH, "the offer has no such capacity left")
+        offer.remaining = offer.remaining.minus(need)
+
+    def give_back(self, offer_id: MessageId, need: Resources) -> None:
+        """Return reserved capacity to an offer (if it is still in the book)."""
+        offer = self.offers.get(offer_id)
+        if offer is not None:
+            offer.remaining = offer.remaining.plus(need)
+
+    def _fill(self, bid: RestingBid, offer: RestingOffer, prices: Prices) -> Match:
+        need = bid.bid.resources
+        self.reserve(offer.order.id, need)
+        self._pending[bid.order.id] = self.bids.pop(bid.order.id)
+        return Match(
+            bid=bid.order,
+            offer=offer.order,
+            prices=prices,
+            resources=need,
+            max_cost=quote(prices, need, bid.bid.job.wall_ms),
+        )
+
+    # -- removing orders -------------------------------------------------------------
+
+    def release(self, match: Match, *, rest_bid: bool) -> None:
+        """End ``match``: the offer gets its capacity back. With ``rest_bid`` (negotiation
+        failed) the bid rests again as it was; without (the job is over) it is gone."""
+        self.give_back(match.offer.id, match.resources)
+        pending = self._pending.pop(match.bid.id, None)
+        if rest_bid and pending is not None:
+            self.bids[match.bid.id] = pending
+        else:
+            self._active.discard(match.bid.id)
+
+    def cancel(self, order_id: bytes, signer: bytes) -> bool:
+        """Remove an order on its signer's request; False if absent or not theirs."""
+        key = MessageId(order_id)
+        resting: RestingOffer | RestingBid | None = self.offers.get(key) or self.bids.get(key)
+        if resting is None or resting.order.signer.raw != signer:
+            return False
+        self._forget(key)
+        return True
+
+    def expire(self, now_ms: int) -> list[MessageId]:
+        """Drop orders that expired at or before ``now_ms``; returns their ids."""
+        gone = []
+        while self._expiry and self._expiry[0][0] <= now_ms:
+            _, key = heapq.heappop(self._expiry)
+            if key in self.offers or key in self.bids:
+                self._forget(key)
+                gone.append(key)
+        return gone
+
+    def _forget(self, key: MessageId) -> None:
+        self.offers.pop(key, None)
+        self.bids.pop(key, None)
+        self._active.discard(key)
+
+    # -- questions -------------------------------------------------------------------
+
+    def explain(
+        self, bid: Bid, *, now_ms: int, reputation: Reputation = _NO_REPUTATION
+    ) -> Explanation:
+        """Per-constraint counts of what rules each live offer out for ``bid``."""
+        ruled_out = dict.fromkeys((name for name, _ in CONSTRAINTS), 0)
+        only = dict(ruled_out)
+        matching = 0
+        best: int | None = None
+        live = [o for o in self.offers.values() if o.order.expires_ms > now_ms]
+        for offer in live:
+            failed = [name for name, check in CONSTRAINTS if not check(bid, offer, reputation)]
+            for name in failed:
+                ruled_out[name] += 1
+            if len(failed) == 1:
+                only[failed[0]] += 1
+            if not failed:
+                matching += 1
+            if not failed or failed == ["price"]:
+                price = quote(offer.offer.prices, bid.resources, bid.job.wall_ms)
+                best = price if best is None else min(best, price)
+        return Explanation(
+            offers=len(live),
+            matching=matching,
+            ruled_out=ruled_out,
+            only_reason=only,
+            best_quote=best,
+            budget=quote(bid.max_prices, bid.resources, bid.job.wall_ms),
+        )
+
+    def live_offers(self, now_ms: int) -> Iterator[RestingOffer]:
+        return (o for o in self.offers.values() if o.order.expires_ms > now_ms)

@@ -1,0 +1,163 @@
+"""Signed messages (spec/identity.md, "Signed messages").
+
+Rules:
+- The wire form is ``signature (64 bytes) || body``; ``body`` is the canonical encoding of
+  ``{"type", "from", "nonce", "iat", "exp", "data"}``. The signature covers
+  ``b"cx/<type>/v1" || 0x00 || body``: exactly the bytes that travel, never a re-encoding,
+  and the type is in the domain, so no message can be replayed as another type.
+- A message's id is ``sha256(body)``. Ed25519 signatures are not malleable in libsodium,
+  but the id does not depend on that.
+- Opening a message checks encoding, signature and schema. Time and replay are checked
+  separately, at admission (protocol.admission), so a stored receipt can be re-verified
+  long after it expired.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from dataclasses import dataclass
+from typing import Any, Generic, NewType, TypeVar
+
+from protocol import messages as m
+from protocol.encoding import DEFAULT_LIMITS, Limits, decode, encode
+from protocol.errors import InvalidMessage, LocalProtocolError, Reason
+from protocol.identity import PrivateKey, PublicKey
+from protocol.schema import from_value, to_value
+
+__all__ = ["MESSAGE_TYPES", "MessageId", "Signed", "domain_of", "open_signed", "seal"]
+
+MessageId = NewType("MessageId", bytes)
+
+MESSAGE_TYPES: dict[str, type] = {
+    "offer": m.Offer,
+    "bid": m.Bid,
+    "cancel": m.Cancel,
+    "proposal": m.Proposal,
+    "accept": m.Accept,
+    "reject": m.Reject,
+    "job-status": m.JobStatus,
+    "usage-receipt": m.UsageReceipt,
+}
+_TYPE_NAMES = {cls: name for name, cls in MESSAGE_TYPES.items()}
+_DOMAINS = {name: f"cx/{name}/v1".encode() for name in MESSAGE_TYPES}
+_BODY_KEYS = frozenset({"type", "from", "nonce", "iat", "exp", "data"})
+SIGNATURE_SIZE = 64
+NONCE_SIZE = 16
+
+T = TypeVar("T")
+
+
+def domain_of(type_name: str) -> bytes:
+    return _DOMAINS[type_name]
+
+
+@dataclass(frozen=True, slots=True)
+class Signed(Generic[T]):
+    """A verified message, keeping the exact bytes it arrived as."""
+
+    wire: bytes
+    id: MessageId
+    type: str
+    signer: PublicKey
+    nonce: bytes
+    issued_ms: int
+    expires_ms: int
+    payload: T
+
+    @property
+    def body(self) -> bytes:
+        return self.wire[SIGNATURE_SIZE:]
+
+
+def seal(
+    key: PrivateKey, payload: T, *, nonce: bytes, issued_ms: int, expires_ms: int
+) -> Signed[T]:
+    """Sign ``payload``; ``nonce`` (16 random bytes) and times come from the caller."""
+    type_name = _TYPE_NAMES.get(type(payload))
+    if type_name is None:
+        raise LocalProtocolError(Reason.UNKNOWN_TYPE, f"{type(payload).__name__} is not a message")
+    if len(nonce) != NONCE_SIZE:
+        raise LocalProtocolError(Reason.BAD_FIELD, f"nonce must be {NONCE_SIZE} bytes")
+    if expires_ms <= issued_ms:
+        raise LocalProtocolError(Reason.BAD_FIELD, "a message must expire after it is issued")
+    body = encode(
+        {
+            "type": type_name,
+            "from": key.public_key.raw,
+            "nonce": nonce,
+            "iat": issued_ms,
+            "exp": expires_ms,
+            "data": to_value(payload),
+        }
+    )
+    wire = key.sign(_DOMAINS[type_name], body) + body
+    return Signed(
+        wire=wire,
+        id=MessageId(hashlib.sha256(body).digest()),
+        type=type_name,
+        signer=key.public_key,
+        nonce=nonce,
+        issued_ms=issued_ms,
+        expires_ms=expires_ms,
+        payload=payload,
+    )
+
+
+def open_signed(
+    wire: bytes, expect: type[T] | None = None, limits: Limits = DEFAULT_LIMITS
+) -> Signed[T]:
+    """Decode and verify a signed message; ``expect`` pins its type.
+
+    Raises:
+        DecodeError: the body is not one canonical value within ``limits``.
+        InvalidMessage: BAD_SIGNATURE, BAD_KEY, UNKNOWN_TYPE, WRONG_TYPE or a schema reason.
+    """
+    if len(wire) <= SIGNATURE_SIZE:
+        raise InvalidMessage(Reason.MALFORMED, "shorter than a signature")
+    signature, body = wire[:SIGNATURE_SIZE], wire[SIGNATURE_SIZE:]
+    head = _parse_body(decode(body, limits))
+    type_name = head["type"]
+    cls = MESSAGE_TYPES.get(type_name)
+    if cls is None:
+        raise InvalidMessage(Reason.UNKNOWN_TYPE, f"unknown message type {type_name!r}")
+    if expect is not None and cls is not expect:
+        raise InvalidMessage(Reason.WRONG_TYPE, f"expected {_TYPE_NAMES[expect]}, got {type_name}")
+    signer = PublicKey(head["from"])
+    signer.verify(_DOMAINS[type_name], body, signature)
+    payload: T = from_value(cls, head["data"])
+    return Signed(
+        wire=bytes(wire),
+        id=MessageId(hashlib.sha256(body).digest()),
+        type=type_name,
+        signer=signer,
+        nonce=head["nonce"],
+        issued_ms=head["iat"],
+        expires_ms=head["exp"],
+        payload=payload,
+    )
+
+
+def _parse_body(value: object) -> dict[str, Any]:
+    if not isinstance(value, dict):
+        raise InvalidMessage(Reason.BAD_FIELD, "message body is not a map")
+    if value.keys() != _BODY_KEYS:
+        missing = ", ".join(sorted(_BODY_KEYS - value.keys()))
+        if missing:
+            raise InvalidMessage(Reason.MISSING_FIELD, f"body: missing {missing}")
+        extra = ", ".join(sorted(value.keys() - _BODY_KEYS))
+        raise InvalidMessage(Reason.UNKNOWN_FIELD, f"body: unknown {extra}")
+    checks = (
+        ("type", str),
+        ("from", bytes),
+        ("nonce", bytes),
+        ("iat", int),
+        ("exp", int),
+    )
+    for key, kind in checks:
+        if type(value[key]) is not kind:
+            raise InvalidMessage(Reason.BAD_FIELD, f"body.{key} has the wrong type")
+    if len(value["nonce"]) != NONCE_SIZE:
+        raise InvalidMessage(Reason.BAD_FIELD, f"body.nonce must be {NONCE_SIZE} bytes")
+    if value["iat"] < 0 or value["exp"] <= value["iat"]:
+        raise InvalidMessage(Reason.BAD_FIELD, "body.exp must be after body.iat >= 0")
+    return value

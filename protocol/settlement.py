@@ -1,0 +1,105 @@
+"""Settlement arithmetic: what a job costs and who owes whom (spec/settlement.md).
+
+Rules:
+- All money is integer micro-credits. Cost is one exact rational sum floored once:
+  CPU time used at the CPU price per core-hour, plus reserved memory, disk and GPUs for the
+  wall time at their hourly prices (memory and disk per GiB).
+- A quote is the worst case: every reserved core busy for the whole wall-time limit.
+- The amount charged for a receipt depends on why the job ended: a provider fault costs
+  nothing; preemption costs the usage up to the last checkpoint (nothing without one); any
+  other end (success, the job's own failure, timeout) costs the usage. It never exceeds the
+  agreement's ``max_cost``.
+- A ledger is built from countersigned receipts only; each agreement settles once; the
+  balances of all parties sum to zero.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass, field
+
+from protocol.errors import LocalProtocolError, Reason
+from protocol.messages import ExitReason, Prices, Resources, Usage
+
+__all__ = ["Ledger", "LedgerEntry", "charge", "cost", "quote"]
+
+_GIB = 1 << 30
+_US_PER_HOUR = 3_600_000_000
+_MS_PER_HOUR = 3_600_000
+# cost = numerator / (_GIB * _US_PER_HOUR); each term below is scaled to that denominator.
+_DENOMINATOR = _GIB * _US_PER_HOUR
+
+
+def cost(prices: Prices, reserved: Resources, usage: Usage) -> int:
+    """Cost of ``usage`` of ``reserved`` resources at ``prices``, floored once."""
+    wall_us = usage.wall_ms * 1000
+    numerator = (
+        usage.cpu_us * prices.cpu_core_hour * _GIB
+        + reserved.memory_bytes * wall_us * prices.memory_gib_hour
+        + reserved.disk_bytes * wall_us * prices.disk_gib_hour
+        + reserved.gpus * wall_us * prices.gpu_hour * _GIB
+    )
+    return numerator // _DENOMINATOR
+
+
+def quote(prices: Prices, reserved: Resources, wall_ms: int) -> int:
+    """Worst-case cost: all reserved CPU busy for the whole ``wall_ms``."""
+    # millicores x ms = microseconds of CPU time
+    worst = Usage(wall_ms=wall_ms, cpu_us=reserved.cpu_milli * wall_ms)
+    return cost(prices, reserved, worst)
+
+
+def charge(
+    prices: Prices, reserved: Resources, max_cost: int, usage: Usage, exit_reason: ExitReason
+) -> int:
+    """What the buyer pays for a job that ended for ``exit_reason``."""
+    if exit_reason is ExitReason.PROVIDER_FAULT:
+        return 0
+    if exit_reason is ExitReason.PREEMPTED:
+        if usage.checkpoint_ms == 0 or usage.wall_ms == 0:
+            return 0
+        until = min(usage.checkpoint_ms, usage.wall_ms)
+        usage = Usage(wall_ms=until, cpu_us=usage.cpu_us * until // usage.wall_ms)
+    return min(cost(prices, reserved, usage), max_cost)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LedgerEntry:
+    agreement_id: bytes
+    payer: bytes
+    payee: bytes
+    amount: int
+
+
+@dataclass(slots=True)
+class Ledger:
+    """Bilateral balances from settled receipts. Positive balance: owed to that party."""
+
+    entries: list[LedgerEntry] = field(default_factory=list)
+    _settled: set[bytes] = field(default_factory=set)
+
+    def record(self, entry: LedgerEntry) -> None:
+        """Raises LocalProtocolError if the agreement was already settled."""
+        if entry.agreement_id in self._settled:
+            raise LocalProtocolError(Reason.REPLAYED, "this agreement is already settled")
+        if entry.amount < 0:
+            raise LocalProtocolError(Reason.BAD_FIELD, "a ledger amount is never negative")
+        self._settled.add(entry.agreement_id)
+        self.entries.append(entry)
+
+    def balances(self) -> dict[bytes, int]:
+        totals: dict[bytes, int] = defaultdict(int)
+        for entry in self.entries:
+            totals[entry.payee] += entry.amount
+            totals[entry.payer] -= entry.amount
+        return dict(totals)
+
+    def between(self, a: bytes, b: bytes) -> int:
+        """What ``b`` owes ``a`` (negative: what ``a`` owes ``b``)."""
+        total = 0
+        for entry in self.entries:
+            if (entry.payee, entry.payer) == (a, b):
+                total += entry.amount
+            elif (entry.payee, entry.payer) == (b, a):
+                total -= entry.amount
+        return total

@@ -1,0 +1,176 @@
+"""The whole life of a trade between two sans-IO traders, with no event loop."""
+
+from __future__ import annotations
+
+import pytest
+from factories import HOUR_MS, T0, Nonces, bid, key, offer
+
+from protocol.errors import InvalidMessage, Reason
+from protocol.messages import (
+    Accept,
+    DataRef,
+    ExitReason,
+    JobState,
+    Reject,
+    RejectReason,
+    Usage,
+)
+from protocol.negotiation import Agreement
+from protocol.settlement import charge
+from protocol.trader import Trader
+
+
+@pytest.fixture
+def pair():
+    return Trader(key("buyer")), Trader(key("provider")), Nonces()
+
+
+def _trade_until_agreed(buyer, provider, nonce):
+    posted_offer, none = provider.post(offer(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+    assert none == []
+    buyer.receive_order(posted_offer.wire, now_ms=T0 + 1)
+    posted_bid, matches = buyer.post(bid(), nonce=nonce(), now_ms=T0 + 2, ttl_ms=HOUR_MS)
+    provider.receive_order(posted_bid.wire, now_ms=T0 + 3)
+    [match] = matches
+    assert match.offer.id == posted_offer.id
+    proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0 + 4)
+    provider.receive_proposal(proposal.wire, now_ms=T0 + 5)
+    reply = provider.accept(proposal.id, evidence=None, nonce=nonce(), now_ms=T0 + 6)
+    assert isinstance(reply.payload, Accept)
+    buyer.receive_reply(reply.wire, now_ms=T0 + 7)
+    agreement = buyer.agree(proposal.id)
+    assert provider.receive_agreement(agreement.to_wire()) == agreement
+    return agreement
+
+
+def _run(buyer, provider, agreement, nonce):
+    for state in (JobState.TRANSFERRING, JobState.RUNNING):
+        status = provider.status(agreement.id, state, nonce=nonce(), now_ms=T0 + 10)
+        buyer.receive_status(status.wire, now_ms=T0 + 11)
+
+
+def test_offer_bid_match_agreement_receipt_settled(pair):
+    buyer, provider, nonce = pair
+    agreement = _trade_until_agreed(buyer, provider, nonce)
+    terms = agreement.terms
+    # trades at the resting offer's prices, capped at the quote for the wall-time limit
+    assert terms.prices.cpu_core_hour == 100_000
+    assert terms.max_cost == 100_000 + 10_000  # 1 core and 1 GiB for one hour
+
+    _run(buyer, provider, agreement, nonce)
+
+    usage = Usage(wall_ms=1_800_000, cpu_us=900_000_000, memory_peak_bytes=1 << 20)
+    output = DataRef(digest="sha256:" + "cd" * 32, path="/out/greeting", size=6)
+    receipt = provider.issue_receipt(
+        agreement.id,
+        usage=usage,
+        exit_reason=ExitReason.SUCCESS,
+        exit_code=0,
+        outputs=(output,),
+        nonce=nonce(),
+        now_ms=T0 + 20,
+    )
+    # 0.25 core-hour of CPU at 100_000 + 1 GiB for half an hour at 10_000
+    assert receipt.payload.cost == 25_000 + 5_000
+    countersigned = buyer.receive_receipt(receipt.wire, now_ms=T0 + 21)
+    entry = provider.receive_countersigned(countersigned.to_wire())
+
+    assert entry.amount == 30_000
+    for trader in (buyer, provider):
+        assert trader.jobs[agreement.id].state is JobState.SETTLED
+        balances = trader.ledger.balances()
+        assert balances == {provider.me.raw: 30_000, buyer.me.raw: -30_000}
+        assert sum(balances.values()) == 0
+    # the provider's capacity is whole again
+    resting = provider.book.offers[agreement.terms.offer_id]
+    assert resting.remaining == resting.offer.capacity
+
+
+def test_reject_moves_to_next_candidate(pair):
+    buyer, provider, nonce = pair
+    other = Trader(key("other provider"))
+    for seller, price in ((provider, 90_000), (other, 95_000)):
+        posted, _ = seller.post(offer(cpu_price=price), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+        buyer.receive_order(posted.wire, now_ms=T0)
+    posted_bid, [first] = buyer.post(bid(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+    assert first.provider == provider.me.raw  # cheapest first
+    proposal = buyer.propose(first, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
+    provider.receive_proposal(proposal.wire, now_ms=T0)
+    reply = provider.reject(proposal.id, RejectReason.POLICY, nonce=nonce(), now_ms=T0)
+    assert isinstance(buyer.receive_reply(reply.wire, now_ms=T0).payload, Reject)
+    [second] = buyer.next_match(posted_bid.id, now_ms=T0)
+    assert second.provider == other.me.raw
+
+
+def test_provider_rejects_when_capacity_is_gone(pair):
+    buyer, provider, nonce = pair
+    posted, _ = provider.post(offer(cpu_milli=1000), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+    buyer.receive_order(posted.wire, now_ms=T0)
+    proposals = []
+    for _ in range(2):  # the buyer's book thinks capacity is there each time it is released
+        _, [match] = buyer.post(bid(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+        buyer.book.release(match, rest_bid=False)
+        proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
+        provider.receive_proposal(proposal.wire, now_ms=T0)
+        proposals.append(proposal)
+    first = provider.accept(proposals[0].id, evidence=None, nonce=nonce(), now_ms=T0)
+    second = provider.accept(proposals[1].id, evidence=None, nonce=nonce(), now_ms=T0)
+    assert isinstance(first.payload, Accept)
+    assert isinstance(second.payload, Reject)
+    assert second.payload.reason is RejectReason.NO_CAPACITY
+
+
+def test_receipt_with_inflated_cost_is_refused(pair):
+    buyer, provider, nonce = pair
+    agreement = _trade_until_agreed(buyer, provider, nonce)
+    _run(buyer, provider, agreement, nonce)
+    honest = provider.issue_receipt(
+        agreement.id,
+        usage=Usage(wall_ms=1000, cpu_us=1000),
+        exit_reason=ExitReason.SUCCESS,
+        exit_code=0,
+        nonce=nonce(),
+        now_ms=T0 + 9,
+    )
+    from dataclasses import replace
+
+    from protocol.envelope import seal
+
+    inflated = seal(
+        provider.key,
+        replace(honest.payload, cost=honest.payload.cost + 1),
+        nonce=nonce(),
+        issued_ms=T0 + 9,
+        expires_ms=T0 + HOUR_MS,
+    )
+    with pytest.raises(InvalidMessage) as info:
+        buyer.receive_receipt(inflated.wire, now_ms=T0 + 10)
+    assert info.value.reason is Reason.TERMS_MISMATCH
+
+
+def test_agreement_with_a_forged_signature_is_refused(pair):
+    buyer, provider, nonce = pair
+    agreement = _trade_until_agreed(buyer, provider, nonce)
+    forged = Agreement(
+        terms=agreement.terms,
+        terms_bytes=agreement.terms_bytes,
+        buyer_signature=agreement.buyer_signature,
+        provider_signature=bytes(64),
+    )
+    with pytest.raises(InvalidMessage) as info:
+        Agreement.from_wire(forged.to_wire())
+    assert info.value.reason is Reason.BAD_SIGNATURE
+
+
+def test_provider_fault_costs_nothing():
+    from factories import GIB
+
+    from protocol.messages import Prices, Resources
+
+    prices = Prices(cpu_core_hour=100_000, memory_gib_hour=10_000)
+    reserved = Resources(cpu_milli=1000, memory_bytes=GIB)
+    usage = Usage(wall_ms=HOUR_MS, cpu_us=3_600_000_000, checkpoint_ms=HOUR_MS // 2)
+    assert charge(prices, reserved, 10**9, usage, ExitReason.PROVIDER_FAULT) == 0
+    assert charge(prices, reserved, 10**9, usage, ExitReason.NONZERO_EXIT) == 110_000
+    assert charge(prices, reserved, 10**9, usage, ExitReason.PREEMPTED) == 55_000
+    assert charge(prices, reserved, 1_000, usage, ExitReason.SUCCESS) == 1_000
