@@ -91,20 +91,28 @@ def _pairs_in_order(pairs: list[tuple[Any, Any]]) -> dict[str, Any]:
     return dict(pairs)
 
 
+_SCALARS = frozenset({bool, str, bytes, int})
+
+
 def _check_tree(value: Any, depth: int, limits: Limits) -> None:  # noqa: ANN401
-    if depth > limits.max_depth:
-        raise DecodeError(Reason.TOO_DEEP, f"nesting deeper than {limits.max_depth}")
-    if isinstance(value, bool | str | bytes | int):
+    # Leaves are checked by their container, so the recursion only visits containers.
+    if depth >= limits.max_depth:  # depth counts containers from 0
+        raise DecodeError(Reason.TOO_DEEP, f"more than {limits.max_depth} nested containers")
+    kind = type(value)
+    if kind is dict:
+        items = value.values()
+    elif kind is list:
+        items = value
+    elif kind in _SCALARS:
         return
-    if isinstance(value, list):
-        for item in value:
+    else:
+        raise DecodeError(Reason.FORBIDDEN_TYPE, f"{kind.__name__} is not allowed")
+    for item in items:
+        kind = type(item)
+        if kind is dict or kind is list:
             _check_tree(item, depth + 1, limits)
-        return
-    if isinstance(value, dict):
-        for item in value.values():
-            _check_tree(item, depth + 1, limits)
-        return
-    raise DecodeError(Reason.FORBIDDEN_TYPE, f"{type(value).__name__} is not allowed")
+        elif kind not in _SCALARS:
+            raise DecodeError(Reason.FORBIDDEN_TYPE, f"{kind.__name__} is not allowed")
 
 
 def decode(data: bytes, limits: Limits = DEFAULT_LIMITS) -> Value:

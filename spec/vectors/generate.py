@@ -1,0 +1,389 @@
+"""Regenerate the protocol test vectors from the reference implementation.
+
+Run ``.venv/bin/python spec/vectors/generate.py`` only for a spec revision: the vectors are
+frozen, and a change to any of them needs a revision note in the spec document it belongs
+to. ``tests/test_vectors.py`` checks the code against the files.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import sys
+from pathlib import Path
+
+HERE = Path(__file__).resolve().parent
+sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
+
+from tagged import to_json
+
+from protocol.book import OrderBook
+from protocol.encoding import encode
+from protocol.envelope import (
+    open_signed,
+    seal,
+)
+from protocol.errors import DecodeError, InvalidMessage
+from protocol.identity import PrivateKey
+from protocol.messages import (
+    Arch,
+    Bid,
+    Constraints,
+    ExitReason,
+    JobSpec,
+    Offer,
+    Prices,
+    Resources,
+    TrustLevel,
+    TrustRequirement,
+    Usage,
+)
+from protocol.schema import to_value
+from protocol.settlement import charge
+
+GIB = 1 << 30
+T0 = 1_800_000_000_000
+HOUR = 3_600_000
+
+
+def seed(name: str) -> bytes:
+    return hashlib.sha256(name.encode()).digest()
+
+
+def write(name: str, kind: str, doc: str, cases: list[dict[str, object]]) -> None:
+    body = {"kind": kind, "format": doc, "cases": cases}
+    (HERE / f"{name}.json").write_text(json.dumps(body, indent=1) + "\n")
+
+
+def reason_of(data: bytes, fn: object) -> str:
+    try:
+        fn(data)  # type: ignore[operator]
+    except (DecodeError, InvalidMessage) as exc:
+        return exc.reason.value
+    raise AssertionError(f"{data.hex()} was accepted")
+
+
+def encoding() -> None:
+    from protocol.encoding import decode
+
+    valid = [
+        ("small map", {"b": 1, "a": [b"\x00", "x", True, False]}),
+        ("integer limits", [0, -1, 127, 128, -32, -33, 2**64 - 1, -(2**63)]),
+        ("keys sort by UTF-8 bytes", {"é": 1, "z": 2, "A": 3, "": 4}),
+        ("empty containers", {"l": [], "m": {}, "s": "", "b": b""}),
+        ("16 nested containers", [[[[[[[[[[[[[[[[1]]]]]]]]]]]]]]]]),
+    ]
+    invalid = [
+        ("empty input", ""),
+        ("trailing byte", "0102"),
+        ("uint8 where fixint suffices", "cc01"),
+        ("str8 where fixstr suffices", "d90161"),
+        ("unsorted keys", "82a16201a16101"),
+        ("duplicate keys", "82a16101a16102"),
+        ("float32", "ca00000000"),
+        ("float64", "cb0000000000000000"),
+        ("nil", "c0"),
+        ("timestamp extension", "d6ff00000001"),
+        ("fixext 1", "d40100"),
+        ("integer map key", "810102"),
+        ("binary map key", "81c4016101"),
+        ("invalid UTF-8", "a2fffe"),
+        ("reserved type byte", "c1"),
+        ("truncated string", "a3616263"[:-2]),
+        ("nested 17 deep", "91" * 17 + "01"),
+        ("array header beyond limit", "dd00010000"),
+    ]
+    cases: list[dict[str, object]] = [
+        {"name": n, "hex": encode(v).hex(), "valid": True, "value": to_json(v)} for n, v in valid
+    ]
+    cases += [
+        {"name": n, "hex": h, "valid": False, "error": reason_of(bytes.fromhex(h), decode)}
+        for n, h in invalid
+    ]
+    write("encoding", "encoding", "spec/encoding.md#test-vectors", cases)
+
+
+def identity() -> None:
+    cases = []
+    for name in ("alice", "bob"):
+        key = PrivateKey.from_seed(seed(name))
+        cases.append(
+            {
+                "name": name,
+                "seed": key.seed.hex(),
+                "public_key": key.public_key.raw.hex(),
+                "peer_id": key.peer_id,
+                "libp2p_private_key": key.to_libp2p_bytes().hex(),
+                "domain": "cx/offer/v1",
+                "data": "68656c6c6f",
+                "signature": key.sign(b"cx/offer/v1", b"hello").hex(),
+            }
+        )
+    write("identity", "identity", "spec/identity.md#test-vectors", cases)
+
+
+def sample_offer() -> Offer:
+    return Offer(
+        capacity=Resources(cpu_milli=4000, memory_bytes=8 * GIB, disk_bytes=20 * GIB),
+        prices=Prices(cpu_core_hour=100_000, memory_gib_hour=10_000, disk_gib_hour=100),
+        arch=Arch.AMD64,
+        trust=(TrustLevel.NONE, TrustLevel.TPM),
+        region="eu",
+    )
+
+
+def sample_bid() -> Bid:
+    return Bid(
+        job=JobSpec(
+            image="sha256:" + "ab" * 32,
+            command=("sh", "-c", "echo hi > /out/x"),
+            env={"LANG": "C"},
+            wall_ms=HOUR,
+        ),
+        resources=Resources(cpu_milli=1000, memory_bytes=GIB),
+        max_prices=Prices(cpu_core_hour=150_000, memory_gib_hour=20_000),
+        constraints=Constraints(arch=Arch.AMD64, regions=("eu",)),
+    )
+
+
+def messages() -> None:
+    key = PrivateKey.from_seed(seed("alice"))
+    cases: list[dict[str, object]] = []
+    for name, payload in (("offer", sample_offer()), ("bid", sample_bid())):
+        msg = seal(key, payload, nonce=bytes(range(16)), issued_ms=T0, expires_ms=T0 + HOUR)
+        cases.append(
+            {
+                "name": f"valid {name}",
+                "valid": True,
+                "seed": key.seed.hex(),
+                "type": name,
+                "nonce": bytes(range(16)).hex(),
+                "iat": T0,
+                "exp": T0 + HOUR,
+                "data": to_json(to_value(payload)),
+                "wire": msg.wire.hex(),
+                "id": msg.id.hex(),
+            }
+        )
+    good = seal(key, sample_offer(), nonce=bytes(16), issued_ms=T0, expires_ms=T0 + HOUR)
+
+    def resign(body: dict[str, object], type_name: str = "offer") -> bytes:
+        raw = encode(body)  # type: ignore[arg-type]
+        return key.sign(f"cx/{type_name}/v1".encode(), raw) + raw
+
+    base = {
+        "type": "offer",
+        "from": key.public_key.raw,
+        "nonce": bytes(16),
+        "iat": T0,
+        "exp": T0 + HOUR,
+        "data": to_value(sample_offer()),
+    }
+    flipped = bytearray(good.wire)
+    flipped[0] ^= 1
+    data = dict(base["data"])  # type: ignore[call-overload]
+    invalid = [
+        ("flipped signature bit", bytes(flipped)),
+        ("signature under another type's domain", resign(base, "bid")),
+        ("unknown message type", resign({**base, "type": "gift"}, "gift")),
+        ("unknown field in data", resign({**base, "data": {**data, "colour": "red"}})),
+        (
+            "missing field in data",
+            resign({**base, "data": {k: v for k, v in data.items() if k != "arch"}}),
+        ),
+        ("enum value out of range", resign({**base, "data": {**data, "arch": "sparc"}})),
+        (
+            "negative price",
+            resign(
+                {
+                    **base,
+                    "data": {
+                        **data,
+                        "prices": {
+                            "cpu_core_hour": -1,
+                            "disk_gib_hour": 0,
+                            "gpu_hour": 0,
+                            "memory_gib_hour": 0,
+                        },
+                    },
+                }
+            ),
+        ),
+        ("expiry before issue", resign({**base, "exp": T0 - 1})),
+        ("short nonce", resign({**base, "nonce": bytes(8)})),
+        ("non-canonical body", good.wire[:64] + b"\xde\x00\x06" + good.wire[65:]),
+        ("shorter than a signature", good.wire[:40]),
+    ]
+    cases += [
+        {"name": n, "valid": False, "wire": w.hex(), "error": reason_of(w, open_signed)}
+        for n, w in invalid
+    ]
+    write("messages", "messages", "spec/messages.md#test-vectors", cases)
+
+
+def matching() -> None:
+    def offer_of(who: str, at: int, **changes: object) -> dict[str, object]:
+        payload = sample_offer()
+        from dataclasses import replace
+
+        payload = replace(payload, **changes)  # type: ignore[arg-type]
+        return {"signer": seed(who).hex(), "issued_ms": at, "data": to_json(to_value(payload))}
+
+    from dataclasses import replace
+
+    scenarios = [
+        (
+            "cheapest offer wins",
+            [
+                offer_of("a", T0, prices=Prices(cpu_core_hour=120_000, memory_gib_hour=10_000)),
+                offer_of("b", T0, prices=Prices(cpu_core_hour=90_000, memory_gib_hour=10_000)),
+            ],
+            sample_bid(),
+        ),
+        (
+            "equal price: earlier offer wins",
+            [
+                offer_of("a", T0 + 5),
+                offer_of("b", T0 + 1),
+                offer_of("c", T0 + 3),
+            ],
+            sample_bid(),
+        ),
+        (
+            "constraints rule offers out",
+            [
+                offer_of("arm", T0, arch=Arch.ARM64),
+                offer_of("us", T0, region="us"),
+                offer_of("dear", T0, prices=Prices(cpu_core_hour=900_000)),
+                offer_of("small", T0, capacity=Resources(cpu_milli=500, memory_bytes=GIB)),
+                offer_of("plain", T0, trust=(TrustLevel.NONE,)),
+            ],
+            replace(
+                sample_bid(),
+                constraints=Constraints(
+                    arch=Arch.AMD64, regions=("eu",), trust=TrustRequirement(level=TrustLevel.TPM)
+                ),
+            ),
+        ),
+    ]
+    cases = []
+    for name, offers, bid in scenarios:
+        book = OrderBook()
+        signed = []
+        for i, o in enumerate(offers):
+            from protocol.schema import from_value
+
+            payload = from_value(Offer, _untag(o["data"]))
+            msg = seal(
+                PrivateKey.from_seed(bytes.fromhex(str(o["signer"]))),
+                payload,
+                nonce=i.to_bytes(16, "big"),
+                issued_ms=int(o["issued_ms"]),  # type: ignore[call-overload]
+                expires_ms=T0 + HOUR,
+            )
+            signed.append(msg)
+            book.add_offer(msg, now_ms=T0 + 10)
+        why = book.explain(bid, now_ms=T0 + 10)
+        bid_msg = seal(
+            PrivateKey.from_seed(seed("buyer")),
+            bid,
+            nonce=bytes(16),
+            issued_ms=T0 + 10,
+            expires_ms=T0 + HOUR,
+        )
+        matches = book.add_bid(bid_msg, now_ms=T0 + 10, active=True)
+        winner = [i for i, s in enumerate(signed) if matches and s.id == matches[0].offer.id]
+        cases.append(
+            {
+                "name": name,
+                "now_ms": T0 + 10,
+                "offers": offers,
+                "bid": to_json(to_value(bid)),
+                "match": winner[0] if winner else None,
+                "max_cost": matches[0].max_cost if matches else None,
+                "ruled_out": why.ruled_out,
+                "best_quote": why.best_quote,
+                "budget": why.budget,
+            }
+        )
+    write("matching", "matching", "spec/matching.md#test-vectors", cases)
+
+
+def _untag(value: object) -> object:
+    from tagged import from_json
+
+    return from_json(value)
+
+
+def settlement() -> None:
+    prices = Prices(
+        cpu_core_hour=100_000, memory_gib_hour=10_000, disk_gib_hour=1_000, gpu_hour=2_000_000
+    )
+    reserved = Resources(cpu_milli=2000, memory_bytes=4 * GIB, disk_bytes=10 * GIB, gpus=1)
+    usages = [
+        (
+            "success, half an hour",
+            Usage(wall_ms=HOUR // 2, cpu_us=1_800_000_000),
+            ExitReason.SUCCESS,
+            10**9,
+        ),
+        (
+            "job's own failure pays used time",
+            Usage(wall_ms=60_000, cpu_us=30_000_000),
+            ExitReason.NONZERO_EXIT,
+            10**9,
+        ),
+        ("OOM pays used time", Usage(wall_ms=1_000, cpu_us=999_999), ExitReason.OOM, 10**9),
+        (
+            "timeout pays used time",
+            Usage(wall_ms=HOUR, cpu_us=7_200_000_000),
+            ExitReason.TIMEOUT,
+            10**9,
+        ),
+        (
+            "provider fault pays nothing",
+            Usage(wall_ms=HOUR, cpu_us=7_200_000_000),
+            ExitReason.PROVIDER_FAULT,
+            10**9,
+        ),
+        (
+            "preempted pays until the checkpoint",
+            Usage(wall_ms=HOUR, cpu_us=3_600_000_000, checkpoint_ms=HOUR // 4),
+            ExitReason.PREEMPTED,
+            10**9,
+        ),
+        (
+            "preempted without checkpoint pays nothing",
+            Usage(wall_ms=HOUR, cpu_us=3_600_000_000),
+            ExitReason.PREEMPTED,
+            10**9,
+        ),
+        (
+            "capped by the agreement",
+            Usage(wall_ms=HOUR, cpu_us=7_200_000_000),
+            ExitReason.SUCCESS,
+            1_234,
+        ),
+        ("rounds down once", Usage(wall_ms=1, cpu_us=1), ExitReason.SUCCESS, 10**9),
+    ]
+    cases = [
+        {
+            "name": name,
+            "prices": to_value(prices),
+            "reserved": to_value(reserved),
+            "usage": to_value(usage),
+            "exit_reason": reason.value,
+            "max_cost": cap,
+            "charge": charge(prices, reserved, cap, usage, reason),
+        }
+        for name, usage, reason, cap in usages
+    ]
+    write("settlement", "settlement", "spec/settlement.md#test-vectors", cases)
+
+
+if __name__ == "__main__":
+    encoding()
+    identity()
+    messages()
+    matching()
+    settlement()

@@ -1,0 +1,122 @@
+"""Runs every protocol vector file in spec/vectors/ against the code (spec/*.md#test-vectors)."""
+
+from __future__ import annotations
+
+import json
+import sys
+from pathlib import Path
+
+import pytest
+
+VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
+sys.path.insert(0, str(VECTORS))
+
+from tagged import from_json
+
+from protocol.book import OrderBook
+from protocol.encoding import decode, encode
+from protocol.envelope import open_signed, seal
+from protocol.errors import DecodeError, InvalidMessage
+from protocol.identity import PrivateKey
+from protocol.messages import Bid, ExitReason, Offer, Prices, Resources, Usage
+from protocol.schema import from_value
+from protocol.settlement import charge
+
+
+def _cases():
+    for path in sorted(VECTORS.glob("*.json")):
+        doc = json.loads(path.read_text())
+        for case in doc["cases"]:
+            yield pytest.param(doc["kind"], case, id=f"{path.stem}: {case['name']}")
+
+
+def _reason(fn, data):
+    with pytest.raises((DecodeError, InvalidMessage)) as info:
+        fn(data)
+    return info.value.reason.value
+
+
+def check_encoding(case):
+    data = bytes.fromhex(case["hex"])
+    if case["valid"]:
+        assert decode(data) == from_json(case["value"])
+        assert encode(from_json(case["value"])) == data
+    else:
+        assert _reason(decode, data) == case["error"]
+
+
+def check_identity(case):
+    key = PrivateKey.from_seed(bytes.fromhex(case["seed"]))
+    assert key.public_key.raw.hex() == case["public_key"]
+    assert key.peer_id == case["peer_id"]
+    assert key.to_libp2p_bytes().hex() == case["libp2p_private_key"]
+    signature = bytes.fromhex(case["signature"])
+    assert key.sign(case["domain"].encode(), bytes.fromhex(case["data"])) == signature
+    key.public_key.verify(case["domain"].encode(), bytes.fromhex(case["data"]), signature)
+
+
+def check_messages(case):
+    wire = bytes.fromhex(case["wire"])
+    if not case["valid"]:
+        assert _reason(open_signed, wire) == case["error"]
+        return
+    cls = {"offer": Offer, "bid": Bid}[case["type"]]
+    payload = from_value(cls, from_json(case["data"]))
+    key = PrivateKey.from_seed(bytes.fromhex(case["seed"]))
+    sealed = seal(
+        key,
+        payload,
+        nonce=bytes.fromhex(case["nonce"]),
+        issued_ms=case["iat"],
+        expires_ms=case["exp"],
+    )
+    assert sealed.wire == wire
+    opened = open_signed(wire, cls)
+    assert opened.payload == payload
+    assert opened.id.hex() == case["id"]
+
+
+def check_matching(case):
+    book = OrderBook()
+    now = case["now_ms"]
+    ids = []
+    for i, entry in enumerate(case["offers"]):
+        msg = seal(
+            PrivateKey.from_seed(bytes.fromhex(entry["signer"])),
+            from_value(Offer, from_json(entry["data"])),
+            nonce=i.to_bytes(16, "big"),
+            issued_ms=entry["issued_ms"],
+            expires_ms=now + 3_600_000,
+        )
+        ids.append(msg.id)
+        book.add_offer(msg, now_ms=now)
+    bid = from_value(Bid, from_json(case["bid"]))
+    why = book.explain(bid, now_ms=now)
+    assert why.ruled_out == case["ruled_out"]
+    assert why.best_quote == case["best_quote"]
+    assert why.budget == case["budget"]
+    buyer = PrivateKey.from_seed(b"\x01" * 32)
+    order = seal(buyer, bid, nonce=bytes(16), issued_ms=now, expires_ms=now + 3_600_000)
+    matches = book.add_bid(order, now_ms=now, active=True)
+    if case["match"] is None:
+        assert matches == []
+    else:
+        [match] = matches
+        assert match.offer.id == ids[case["match"]]
+        assert match.max_cost == case["max_cost"]
+
+
+def check_settlement(case):
+    got = charge(
+        from_value(Prices, case["prices"]),
+        from_value(Resources, case["reserved"]),
+        case["max_cost"],
+        from_value(Usage, case["usage"]),
+        ExitReason(case["exit_reason"]),
+    )
+    assert got == case["charge"]
+
+
+@pytest.mark.parametrize(("kind", "case"), list(_cases()))
+def test_vector(kind, case):
+    globals()[f"check_{kind}"](case)
