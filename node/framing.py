@@ -1,0 +1,124 @@
+"""Length-prefixed frames and gossip bundles: pure byte functions, no I/O.
+
+Rules:
+- A frame is a 4-byte big-endian unsigned length followed by that many bytes. Every reader
+  has a size cap and refuses a longer frame *before* buffering its body, so a peer cannot
+  make us allocate more than the cap.
+- :class:`FrameDecoder` is sans-IO (h11 style): feed it whatever bytes arrived, pull out
+  whole frames. It never touches a socket, so the read loop that drives it stays a few
+  lines and the decoder is property-tested on its own.
+- A *bundle* is how several small gossip messages travel in one pubsub message (see
+  ``node/p2p.py``: GossipSub's per-message overheads and queues are what drop messages
+  under load). Layout: version byte ``0x01``, then the items as frames, nothing after the
+  last one. An empty bundle is invalid.
+- Malformed input raises :class:`FramingError` and nothing else.
+"""
+
+from __future__ import annotations
+
+import struct
+from collections.abc import Iterable, Sequence
+
+__all__ = [
+    "BUNDLE_VERSION",
+    "DEFAULT_MAX_FRAME",
+    "FrameDecoder",
+    "FramingError",
+    "bundle_size",
+    "decode_bundle",
+    "encode_bundle",
+    "encode_frame",
+]
+
+DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB, GossipSub's default maximum RPC size
+BUNDLE_VERSION = 0x01
+_HEADER = struct.Struct(">I")
+HEADER_SIZE = _HEADER.size
+
+
+class FramingError(ValueError):
+    """Bytes that are not a well-formed frame or bundle (the sender broke the rules)."""
+
+
+def encode_frame(payload: bytes, *, max_size: int = DEFAULT_MAX_FRAME) -> bytes:
+    """Prefix ``payload`` with its length.
+
+    Raises FramingError if the payload is longer than ``max_size``.
+    """
+    if len(payload) > max_size:
+        raise FramingError(f"frame of {len(payload)} bytes exceeds the {max_size}-byte cap")
+    return _HEADER.pack(len(payload)) + payload
+
+
+class FrameDecoder:
+    """Reassembles frames from arbitrary chunks of a byte stream."""
+
+    __slots__ = ("_buffer", "max_size")
+
+    def __init__(self, *, max_size: int = DEFAULT_MAX_FRAME) -> None:
+        self.max_size = max_size
+        self._buffer = bytearray()
+
+    def feed(self, data: bytes) -> None:
+        self._buffer += data
+
+    @property
+    def buffered(self) -> int:
+        """Bytes received but not yet returned as a frame."""
+        return len(self._buffer)
+
+    def next_frame(self) -> bytes | None:
+        """The next whole frame, or None if more bytes are needed.
+
+        Raises FramingError as soon as a header announces a frame over the cap.
+        """
+        if len(self._buffer) < HEADER_SIZE:
+            return None
+        (length,) = _HEADER.unpack_from(self._buffer)
+        if length > self.max_size:
+            raise FramingError(f"peer announced a {length}-byte frame; the cap is {self.max_size}")
+        end = HEADER_SIZE + length
+        if len(self._buffer) < end:
+            return None
+        frame = bytes(self._buffer[HEADER_SIZE:end])
+        del self._buffer[:end]
+        return frame
+
+
+def bundle_size(item_sizes: Iterable[int]) -> int:
+    """Encoded size of a bundle holding items of these sizes."""
+    return 1 + sum(HEADER_SIZE + size for size in item_sizes)
+
+
+def encode_bundle(items: Sequence[bytes]) -> bytes:
+    """Pack one or more items into a bundle. Raises FramingError if ``items`` is empty."""
+    if not items:
+        raise FramingError("a bundle holds at least one item")
+    parts = [bytes([BUNDLE_VERSION])]
+    parts.extend(_HEADER.pack(len(item)) + item for item in items)
+    return b"".join(parts)
+
+
+def decode_bundle(data: bytes, *, max_items: int = 1 << 16) -> list[bytes]:
+    """Unpack a bundle. Raises FramingError on any malformation."""
+    if not data:
+        raise FramingError("empty bundle")
+    if data[0] != BUNDLE_VERSION:
+        raise FramingError(f"unknown bundle version {data[0]}")
+    items: list[bytes] = []
+    offset = 1
+    view = memoryview(data)
+    while offset < len(data):
+        if len(data) - offset < HEADER_SIZE:
+            raise FramingError("bundle ends inside an item header")
+        (length,) = _HEADER.unpack_from(view, offset)
+        offset += HEADER_SIZE
+        if len(data) - offset < length:
+            raise FramingError("bundle ends inside an item")
+        items.append(bytes(view[offset : offset + length]))
+        offset += length
+        if len(items) > max_items:
+            raise FramingError(f"bundle holds more than {max_items} items")
+    if not items:
+        raise FramingError("a bundle holds at least one item")
+    return items

@@ -1,0 +1,690 @@
+"""The libp2p implementation of :class:`~node.transport.Network` (libp2p 0.8.1, pinned).
+
+This is the only module of the project that imports libp2p. Each pitfall of 0.8.1
+(``../shared/PLATFORM.md``, "libp2p 0.8.1") is handled here on purpose, and
+``tests/node/test_network_p2p.py`` holds a regression test for each:
+
+- Identity: the host key is the node's Ed25519 key, so the libp2p peer id is
+  ``PrivateKey.peer_id``.
+- Security: Noise only. ``new_host`` would also offer TLS, SECIO and plaintext.
+- Dial delay: ``Swarm.dial_peer`` waits 250 ms (happy eyeballs) after starting each dial
+  unless the dial reaches ``max_connections_per_peer``; with one connection per peer a
+  successful dial returns at once. Retries are cut to one so a dead peer fails fast.
+- Negative dial cache and stale addresses: after a failed dial the swarm refuses the peer
+  id for 60 s, and only the first TCP address in the peerstore is ever tried. An explicit
+  :meth:`P2PNetwork.connect` lifts the block (``Swarm.unblock_peer``) and replaces the
+  peer's stored addresses with the one given.
+- GossipSub drops silently under load. Tuned explicitly: spam protection off (it capped
+  10 msg/s per peer and topic, our validator and peer score do that job), adaptive gossip
+  off with a fixed 1 s heartbeat (it stretched to 30-60 s), eclipse protection off by
+  default (it counts distinct IPs, and a loopback testnet has one). Two queue depths have
+  no parameter in 0.8.1 and are raised in :func:`_deepen_pubsub_queues` (the one patch of
+  libp2p in the project). And the publisher paces and batches: it bundles the messages
+  queued at the moment into one pubsub message (``node/framing.py``) and holds the next
+  bundle while any peer's outbound queue is above a high-water mark, so ``publish`` blocks
+  (backpressure) instead of libp2p dropping.
+- ``Pubsub.publish`` never yields: the publisher checkpoints after each bundle.
+- Validation: one libp2p topic validator per topic decodes the bundle and runs the
+  caller's validator on each item. REJECT of any item rejects the bundle (not forwarded)
+  and lowers the forwarder's score; all-IGNORE drops it without penalty; otherwise the
+  accepted items are delivered. 0.8.1 penalises every failed validation and subtracts
+  ``p4`` weights (the spec adds negative ones, so a go-style negative weight would
+  *raise* the score): the :class:`_VerdictScorer` counts only our REJECTs and the weight
+  here is positive; a test asserts the score goes down.
+- Shutdown: ``host.close()`` is called (shielded) before leaving ``host.run()``, which
+  otherwise leaks sockets.
+- Logging: the ``libp2p`` logger is reset by ``import libp2p`` to not propagate; it is
+  reconfigured here to propagate into the application's handlers at a chosen level.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import logging
+import time
+from collections.abc import AsyncIterator, Callable
+from dataclasses import dataclass, field
+from importlib.metadata import version
+from typing import TYPE_CHECKING, Any
+
+import multiaddr
+import trio
+from libp2p import new_host
+from libp2p.crypto.ed25519 import Ed25519PrivateKey
+from libp2p.crypto.keys import KeyPair
+from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
+from libp2p.custom_types import TProtocol
+from libp2p.exceptions import BaseLibp2pError
+from libp2p.host.basic_host import BasicHost
+from libp2p.host.exceptions import StreamFailure
+from libp2p.io.exceptions import IOException
+from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
+from libp2p.network.config import ConnectionConfig, RetryConfig
+from libp2p.network.exceptions import SwarmException
+from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer.id import ID
+from libp2p.peer.peerinfo import InvalidAddrError, info_from_p2p_addr
+from libp2p.pubsub import pubsub as pubsub_module
+from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.pubsub.pubsub import Pubsub
+from libp2p.pubsub.rpc_queue import RpcQueue
+from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
+from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
+from libp2p.security.noise.transport import Transport as NoiseTransport
+from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
+from libp2p.tools.anyio_service import background_trio_service
+
+from node.framing import FramingError, bundle_size, decode_bundle, encode_bundle
+from node.transport import (
+    DialError,
+    ErrorMap,
+    Gossip,
+    LocalNetworkError,
+    NetReason,
+    PeerId,
+    ProtocolId,
+    Stream,
+    StreamClosed,
+    StreamHandler,
+    Validator,
+    Verdict,
+    map_exceptions,
+)
+from protocol.identity import PrivateKey
+
+if TYPE_CHECKING:
+    from libp2p.abc import INetStream
+    from libp2p.pubsub.subscription import TrioSubscriptionAPI
+    from trio_typing import TaskStatus  # see node/memnet.py: trio-stubs shadow trio
+
+__all__ = [
+    "LIBP2P_VERSION",
+    "GossipTuning",
+    "P2PConfig",
+    "P2PNetwork",
+    "configure_libp2p_logging",
+    "libp2p_key_pair",
+    "serve_network",
+]
+
+logger = logging.getLogger(__name__)
+
+LIBP2P_VERSION = "0.8.1"
+NOISE_ONLY = (str(NOISE_PROTOCOL_ID),)
+
+_DIAL_ERRORS: ErrorMap = {
+    InvalidAddrError: (LocalNetworkError, NetReason.BAD_ADDRESS),
+    StreamFailure: (DialError, NetReason.UNSUPPORTED_PROTOCOL),
+    SwarmException: (DialError, NetReason.UNREACHABLE),
+    trio.TooSlowError: (DialError, NetReason.UNREACHABLE),
+    BaseLibp2pError: (DialError, NetReason.UNREACHABLE),
+    OSError: (DialError, NetReason.UNREACHABLE),
+}
+_STREAM_ERRORS: ErrorMap = {
+    IOException: (StreamClosed, NetReason.CLOSED),
+    MuxedStreamError: (StreamClosed, NetReason.CLOSED),
+    MuxedConnError: (StreamClosed, NetReason.CLOSED),
+    BaseLibp2pError: (StreamClosed, NetReason.CLOSED),
+    trio.BrokenResourceError: (StreamClosed, NetReason.CLOSED),
+    trio.ClosedResourceError: (StreamClosed, NetReason.CLOSED),
+}
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class GossipTuning:
+    """GossipSub and publisher settings; every default here is chosen, not inherited."""
+
+    degree: int = 6
+    degree_low: int = 4
+    degree_high: int = 12
+    heartbeat_interval: int = 1  # seconds, fixed: adaptive gossip is off
+    gossip_window: int = 3
+    gossip_history: int = 5
+    eclipse_protection: bool = False  # needs >= 3 distinct IPs; loopback has one
+    # Depths libp2p 0.8.1 hard-codes at 32 (see _deepen_pubsub_queues).
+    peer_queue_depth: int = 4096
+    subscription_depth: int = 8192
+    # Publisher: batch what is queued, hold while a peer queue is above the mark.
+    outbox_size: int = 4096  # messages publish() may queue before it blocks
+    bundle_max_bytes: int = 64 * 1024
+    bundle_max_items: int = 1024
+    bundle_linger: float = 0.001  # seconds to wait for company before a lone message
+    high_water: int = 8  # bundles queued to one peer before the publisher waits
+    # Peer score: p4 (invalid messages). Positive: 0.8.1 subtracts it (see module doc).
+    invalid_message_weight: float = 10.0
+    invalid_message_decay: float = 0.98  # per heartbeat
+    gossip_threshold: float = -100.0
+    publish_threshold: float = -500.0
+    graylist_threshold: float = -1000.0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class P2PConfig:
+    """How a node joins the libp2p network."""
+
+    listen_addrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
+    bootstrap: tuple[str, ...] = ()  # multiaddrs ending in /p2p/<peer id>
+    enable_dht: bool = False
+    enable_mdns: bool = False  # binds every interface: opt-in only
+    max_message_size: int = 256 * 1024  # one gossip message (one bundle item)
+    dial_timeout: float = 10.0
+    close_timeout: float = 5.0
+    log_level: int = logging.WARNING
+    gossip: GossipTuning = field(default_factory=GossipTuning)
+
+
+def configure_libp2p_logging(level: int = logging.WARNING) -> None:
+    """Make the ``libp2p`` logger behave like any other library logger.
+
+    ``import libp2p`` runs ``setup_logging()``, which clears its handlers and sets
+    ``propagate = False`` unless ``LIBP2P_DEBUG`` is set, so its warnings (including the
+    pubsub drop warnings) would vanish. Here it propagates to the root handlers.
+    """
+    lib_logger = logging.getLogger("libp2p")
+    lib_logger.handlers.clear()
+    lib_logger.propagate = True
+    lib_logger.setLevel(level)
+    # Some modules pin their own level (auto_connector: INFO); make them inherit ours.
+    for name, child in logging.Logger.manager.loggerDict.items():
+        if name.startswith("libp2p.") and isinstance(child, logging.Logger):
+            child.setLevel(logging.NOTSET)
+
+
+class _DeepRpcQueue(RpcQueue):
+    depth = 32
+
+    def __init__(self, max_size: int = 32, max_message_size: int = 1 << 20) -> None:
+        super().__init__(max(max_size, type(self).depth), max_message_size)
+
+
+def _deepen_pubsub_queues(tuning: GossipTuning) -> None:
+    """Raise the two pubsub queue depths that libp2p 0.8.1 offers no parameter for.
+
+    - ``Pubsub._handle_new_peer`` builds each peer's outbound ``RpcQueue()`` with its
+      default depth of 32 (bound when the class was defined); a full queue drops the RPC.
+      The module's ``RpcQueue`` name is pointed at a subclass with a deeper default.
+    - ``Pubsub.subscribe`` opens the delivery channel with the module constant
+      ``SUBSCRIPTION_CHANNEL_SIZE`` (32); ``notify_subscriptions`` drops when it is full.
+
+    Both are module globals read at call time; this is process-wide, idempotent, and only
+    ever deepens. Checked by ``test_pubsub_queues_are_deepened``; revisit on upgrade.
+    """
+    if version("libp2p") != LIBP2P_VERSION:  # pragma: no cover - guard for upgrades
+        logger.warning(
+            "libp2p %s is not %s: re-check node/p2p.py's queue patch",
+            version("libp2p"),
+            LIBP2P_VERSION,
+        )
+    _DeepRpcQueue.depth = max(_DeepRpcQueue.depth, tuning.peer_queue_depth)
+    pubsub_module.RpcQueue = _DeepRpcQueue  # type: ignore[attr-defined]
+    pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = max(
+        pubsub_module.SUBSCRIPTION_CHANNEL_SIZE, tuning.subscription_depth
+    )
+
+
+class _VerdictScorer(PeerScorer):
+    """Counts invalid messages only when our validator said REJECT.
+
+    0.8.1's ``Pubsub.push_msg`` calls ``on_invalid_message`` for every message whose
+    validator returned False, which is also how IGNORE has to be expressed (there is no
+    third outcome). So that hook does nothing and :meth:`penalise` does the counting.
+    """
+
+    def on_invalid_message(self, peer: ID, topic: str) -> None:
+        return None
+
+    def penalise(self, peer: ID, topic: str) -> None:
+        super().on_invalid_message(peer, topic)
+
+
+def libp2p_key_pair(key: PrivateKey) -> KeyPair:
+    """The node's Ed25519 key as a libp2p key pair (same peer id)."""
+    private = Ed25519PrivateKey.from_bytes(key.seed)
+    return KeyPair(private, private.get_public_key())
+
+
+def _score_params(tuning: GossipTuning) -> ScoreParams:
+    return ScoreParams(
+        p4_invalid_messages=TopicScoreParams(
+            weight=tuning.invalid_message_weight,
+            cap=1e6,
+            decay=tuning.invalid_message_decay,
+        ),
+        gossip_threshold=tuning.gossip_threshold,
+        publish_threshold=tuning.publish_threshold,
+        graylist_threshold=tuning.graylist_threshold,
+    )
+
+
+def _build_host(key: PrivateKey, config: P2PConfig) -> BasicHost:
+    key_pair = libp2p_key_pair(key)
+    security = {
+        NOISE_PROTOCOL_ID: NoiseTransport(key_pair, noise_privkey=new_x25519_key_pair().private_key)
+    }
+    connections = ConnectionConfig(
+        # One connection per peer: a successful dial then cancels the 250 ms wait.
+        max_connections_per_peer=1,
+        # Quiet auto-connector: it aims at (low + high) / 2 = 150 connections and would
+        # dial every stored peer every 30 s; we dial who we are told to.
+        min_connections=0,
+        low_watermark=0,
+        auto_connect_interval=24 * 3600.0,
+        dial_timeout=config.dial_timeout,
+    )
+    host = new_host(
+        key_pair=key_pair,
+        sec_opt=security,
+        muxer_preference="YAMUX",
+        listen_addrs=[multiaddr.Multiaddr(a) for a in config.listen_addrs],
+        enable_mDNS=config.enable_mdns,
+        connection_config=connections,
+    )
+    swarm: Any = host.get_network()
+    swarm.retry_config = RetryConfig(max_retries=1, initial_delay=0.05, max_delay=0.2)
+    if not isinstance(host, BasicHost):  # pragma: no cover - new_host's contract
+        raise TypeError(f"unexpected host type {type(host).__name__}")
+    return host
+
+
+def _peer(peer_id: ID) -> PeerId:
+    return PeerId(peer_id.to_base58())
+
+
+@dataclass(slots=True)
+class _Outgoing:
+    topic: str
+    data: bytes
+
+
+class _Libp2pStream:
+    """A libp2p ``INetStream`` behind our :class:`~node.transport.Stream`."""
+
+    __slots__ = ("_closed", "_remote", "_stream")
+
+    def __init__(self, stream: INetStream, remote: PeerId) -> None:
+        self._stream = stream
+        self._remote = remote
+        self._closed = False
+
+    @property
+    def remote_peer(self) -> PeerId:
+        return self._remote
+
+    async def send_all(self, data: bytes) -> None:
+        if self._closed:
+            raise StreamClosed(NetReason.CLOSED, "send on a closed stream")
+        with map_exceptions(_STREAM_ERRORS, f"send to {self._remote}"):
+            await self._stream.write(data)
+
+    async def receive_some(self, max_bytes: int = 65536) -> bytes:
+        if self._closed:
+            raise StreamClosed(NetReason.CLOSED, "receive on a closed stream")
+        try:
+            with map_exceptions(_STREAM_ERRORS, f"receive from {self._remote}"):
+                return bytes(await self._stream.read(max_bytes))
+        except StreamClosed as exc:
+            if isinstance(exc.__cause__, StreamEOF):
+                return b""
+            raise
+
+    async def aclose(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        with contextlib.suppress(BaseLibp2pError, trio.BrokenResourceError, OSError):
+            await self._stream.close()
+
+
+class P2PNetwork:
+    """A running libp2p node; obtained from :func:`serve_network`."""
+
+    def __init__(
+        self,
+        key: PrivateKey,
+        config: P2PConfig,
+        host: BasicHost,
+        pubsub: Pubsub,
+        router: GossipSub,
+        scorer: _VerdictScorer,
+        dht: KadDHT | None,
+    ) -> None:
+        self.config = config
+        self.host = host
+        self.pubsub = pubsub
+        self.router = router
+        self.dht = dht
+        self._scorer = scorer
+        self._peer_id = key.peer_id
+        self._own_id = host.get_id()
+        self._running = False
+        self._nursery: trio.Nursery | None = None
+        self._handlers: dict[ProtocolId, StreamHandler] = {}
+        self._subscribed: set[str] = set()
+        # Accepted items of each bundle, keyed by libp2p message id, between the
+        # validator (which decides) and the delivery task (which hands them over).
+        self._accepted: dict[tuple[bytes, bytes], list[bytes]] = {}
+        tuning = config.gossip
+        self._outbox_send, self._outbox_receive = trio.open_memory_channel[_Outgoing](
+            tuning.outbox_size
+        )
+        self._queued = 0
+        self._sent = 0
+        self._progress = trio.Event()
+        self.stats: dict[str, int] = {
+            "published": 0,
+            "bundles": 0,
+            "delivered": 0,
+            "rejected": 0,
+            "ignored": 0,
+            "held_for_room": 0,
+        }
+
+    # -- identity and peers -------------------------------------------------------------
+
+    @property
+    def peer_id(self) -> PeerId:
+        return self._peer_id
+
+    @property
+    def listen_addrs(self) -> list[str]:
+        return [str(a) for a in self.host.get_addrs()]
+
+    def peers(self) -> frozenset[PeerId]:
+        swarm: Any = self.host.get_network()
+        return frozenset(
+            _peer(peer)
+            for peer, conns in swarm.connections.items()
+            if any(not c.is_closed for c in conns)
+        )
+
+    def _check_running(self) -> None:
+        if not self._running:
+            raise LocalNetworkError(NetReason.NOT_RUNNING, "the libp2p node is not running")
+
+    async def connect(self, addr: str) -> PeerId:
+        self._check_running()
+        try:
+            info = info_from_p2p_addr(multiaddr.Multiaddr(addr))
+        except (InvalidAddrError, ValueError, TypeError) as exc:
+            raise LocalNetworkError(
+                NetReason.BAD_ADDRESS, f"{addr!r} is not a multiaddr ending in /p2p/<id>"
+            ) from exc
+        if info.peer_id == self._own_id:
+            raise LocalNetworkError(NetReason.BAD_ADDRESS, "refusing to dial ourselves")
+        swarm: Any = self.host.get_network()
+        if not any(not c.is_closed for c in swarm.get_connections(info.peer_id)):
+            # Redial: forget the negative-cache entry and the addresses we had for it, or
+            # the swarm refuses it for 60 s / dials only its first (stale) TCP address.
+            swarm.unblock_peer(info.peer_id)
+            self.host.get_peerstore().clear_addrs(info.peer_id)
+        with (
+            map_exceptions(_DIAL_ERRORS, f"dial {addr}"),
+            trio.fail_after(self.config.dial_timeout),
+        ):
+            await self.host.connect(info)
+        if self.dht is not None:
+            await self.dht.add_peer(info.peer_id)
+        return _peer(info.peer_id)
+
+    # -- gossip ---------------------------------------------------------------------------
+
+    async def subscribe(
+        self, topic: str, validator: Validator
+    ) -> trio.MemoryReceiveChannel[Gossip]:
+        self._check_running()
+        if topic in self._subscribed:
+            raise LocalNetworkError(NetReason.DUPLICATE_HANDLER, f"already subscribed to {topic}")
+        assert self._nursery is not None
+        self._subscribed.add(topic)
+        self.pubsub.set_topic_validator(
+            topic, self._make_hook(topic, validator), is_async_validator=False
+        )
+        subscription: TrioSubscriptionAPI = await self.pubsub.subscribe(topic)  # type: ignore[assignment]
+        send, receive = trio.open_memory_channel[Gossip](self.config.gossip.subscription_depth)
+        self._nursery.start_soon(self._deliver, subscription, send)
+        return receive
+
+    def _make_hook(self, topic: str, validator: Validator) -> Callable[[ID, rpc_pb2.Message], bool]:
+        def hook(forwarder: ID, msg: rpc_pb2.Message) -> bool:
+            # Runs inside Pubsub.push_msg, once per message id, before anything is
+            # delivered or forwarded; True forwards the whole bundle.
+            author = ID(msg.from_id)
+            if author == self._own_id:
+                return True  # our own bundle, on its way out
+            try:
+                items = decode_bundle(msg.data)
+            except FramingError:
+                self._reject(forwarder, topic, author, "malformed bundle")
+                return False
+            accepted: list[bytes] = []
+            sender = _peer(author)
+            for item in items:
+                verdict = self._judge(validator, sender, item)
+                if verdict is Verdict.REJECT:
+                    self._reject(forwarder, topic, author, "validator rejected an item")
+                    return False
+                if verdict is Verdict.ACCEPT:
+                    accepted.append(item)
+                else:
+                    self.stats["ignored"] += 1
+            if not accepted:
+                return False  # IGNORE: dropped, not forwarded, nobody penalised
+            self._accepted[(msg.from_id, msg.seqno)] = accepted
+            return True
+
+        return hook
+
+    @staticmethod
+    def _judge(validator: Validator, sender: PeerId, item: bytes) -> Verdict:
+        try:
+            return validator(sender, item)
+        except Exception:
+            # A validator bug is ours, not the sender's: drop without penalty, loudly.
+            logger.exception("gossip validator raised; message from %s ignored", sender)
+            return Verdict.IGNORE
+
+    def _reject(self, forwarder: ID, topic: str, author: ID, why: str) -> None:
+        self.stats["rejected"] += 1
+        self._scorer.penalise(forwarder, topic)
+        logger.info("rejected gossip on %s from %s via %s: %s", topic, author, forwarder, why)
+
+    async def _deliver(
+        self, subscription: TrioSubscriptionAPI, send: trio.MemorySendChannel[Gossip]
+    ) -> None:
+        async with send:
+            async for msg in subscription:
+                if msg.from_id == self._own_id.to_bytes():
+                    continue
+                items = self._accepted.pop((msg.from_id, msg.seqno), None)
+                if items is None:
+                    continue
+                sender = _peer(ID(msg.from_id))
+                for item in items:
+                    await send.send(Gossip(sender, item))
+                self.stats["delivered"] += len(items)
+
+    async def wait_subscribed(self, peer: PeerId, topic: str) -> None:
+        self._check_running()
+        # libp2p's own event-based wait; its timeout is ours to impose from outside.
+        await self.router.wait_for_mesh(ID.from_base58(peer), topic, timeout=float("inf"))
+
+    async def publish(self, topic: str, data: bytes) -> None:
+        self._check_running()
+        if len(data) > self.config.max_message_size:
+            raise LocalNetworkError(
+                NetReason.TOO_LARGE,
+                f"gossip message of {len(data)} bytes exceeds {self.config.max_message_size}",
+            )
+        await self._outbox_send.send(_Outgoing(topic, bytes(data)))
+        self._queued += 1
+        self.stats["published"] += 1
+
+    async def flush(self) -> None:
+        self._check_running()
+        target = self._queued
+        while self._sent < target:
+            await self._progress.wait()
+        # libp2p 0.8.1 exposes each peer queue's length but no wake-up when it drains.
+        while any(len(q) for q in self.pubsub.peer_queues.values()):  # noqa: ASYNC110
+            await trio.sleep(0.002)
+
+    def score(self, peer: PeerId) -> float:
+        return self._scorer.score(ID.from_base58(peer), sorted(self._subscribed))
+
+    async def _publisher(self) -> None:
+        """Batch queued messages per topic into bundles and pace them out."""
+        tuning = self.config.gossip
+        carry: _Outgoing | None = None
+        while True:
+            first = carry if carry is not None else await self._outbox_receive.receive()
+            carry = None
+            if (
+                tuning.bundle_linger > 0
+                and self._outbox_receive.statistics().current_buffer_used == 0
+            ):
+                await trio.sleep(tuning.bundle_linger)
+            items = [first.data]
+            sizes = [len(first.data)]
+            while len(items) < tuning.bundle_max_items:
+                try:
+                    nxt = self._outbox_receive.receive_nowait()
+                except trio.WouldBlock:
+                    break
+                if nxt.topic != first.topic or bundle_size([*sizes, len(nxt.data)]) > max(
+                    tuning.bundle_max_bytes, bundle_size(sizes)
+                ):
+                    carry = nxt
+                    break
+                items.append(nxt.data)
+                sizes.append(len(nxt.data))
+            await self._wait_for_room()
+            await self.pubsub.publish(first.topic, encode_bundle(items))
+            self.stats["bundles"] += 1
+            self._sent += len(items)
+            self._progress.set()
+            self._progress = trio.Event()
+            # Pubsub.publish never yields; let the sending tasks run.
+            await trio.lowlevel.checkpoint()
+
+    async def _wait_for_room(self) -> None:
+        high_water = self.config.gossip.high_water
+        if all(len(q) < high_water for q in self.pubsub.peer_queues.values()):
+            return
+        self.stats["held_for_room"] += 1
+        # No wake-up exists for a draining RpcQueue in 0.8.1: poll its length.
+        while any(len(q) >= high_water for q in self.pubsub.peer_queues.values()):  # noqa: ASYNC110
+            await trio.sleep(0.001)
+
+    # -- streams --------------------------------------------------------------------------
+
+    async def open_stream(self, peer: PeerId, protocol_id: ProtocolId) -> Stream:
+        self._check_running()
+        try:
+            peer_id = ID.from_base58(peer)
+        except (ValueError, TypeError) as exc:
+            raise LocalNetworkError(NetReason.BAD_ADDRESS, f"{peer!r} is not a peer id") from exc
+        with (
+            map_exceptions(_DIAL_ERRORS, f"open {protocol_id} to {peer}"),
+            trio.fail_after(self.config.dial_timeout),
+        ):
+            stream = await self.host.new_stream(peer_id, [TProtocol(protocol_id)])
+        return _Libp2pStream(stream, peer)
+
+    def serve(self, protocol_id: ProtocolId, handler: StreamHandler) -> None:
+        self._check_running()
+        if protocol_id in self._handlers:
+            raise LocalNetworkError(
+                NetReason.DUPLICATE_HANDLER, f"{protocol_id} already has a handler"
+            )
+        self._handlers[protocol_id] = handler
+
+        async def on_stream(stream: INetStream) -> None:
+            remote = _peer(stream.muxed_conn.peer_id)
+            ours = _Libp2pStream(stream, remote)
+            try:
+                await handler(ours)
+            except Exception:
+                # Top of a per-stream task: log and drop this stream, keep the node.
+                logger.exception("%s handler failed for %s", protocol_id, remote)
+            finally:
+                await ours.aclose()
+
+        self.host.set_stream_handler(TProtocol(protocol_id), on_stream)
+
+
+@contextlib.asynccontextmanager
+async def _maybe_service(service: KadDHT | None) -> AsyncIterator[None]:
+    if service is None:
+        yield
+        return
+    async with background_trio_service(service):
+        yield
+
+
+async def serve_network(
+    key: PrivateKey,
+    config: P2PConfig | None = None,
+    *,
+    task_status: TaskStatus[P2PNetwork] = trio.TASK_STATUS_IGNORED,
+) -> None:
+    """Run a libp2p node for ``key`` until cancelled; ``nursery.start`` returns it.
+
+    Connects to ``config.bootstrap`` peers before reporting started (a failed bootstrap
+    peer is logged, not fatal). Raises LocalNetworkError if it cannot listen.
+    """
+    config = config or P2PConfig()
+    tuning = config.gossip
+    configure_libp2p_logging(config.log_level)
+    _deepen_pubsub_queues(tuning)
+    host = _build_host(key, config)
+    router = GossipSub(
+        protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
+        degree=tuning.degree,
+        degree_low=tuning.degree_low,
+        degree_high=tuning.degree_high,
+        heartbeat_interval=tuning.heartbeat_interval,
+        gossip_window=tuning.gossip_window,
+        gossip_history=tuning.gossip_history,
+        adaptive_gossip_enabled=False,
+        spam_protection_enabled=False,
+        eclipse_protection_enabled=tuning.eclipse_protection,
+    )
+    scorer = _VerdictScorer(_score_params(tuning))
+    router.scorer = scorer
+    pubsub = Pubsub(host, router, strict_signing=True)
+    dht = KadDHT(host, DHTMode.SERVER) if config.enable_dht else None
+    net = P2PNetwork(key, config, host, pubsub, router, scorer, dht)
+    listen = [multiaddr.Multiaddr(a) for a in config.listen_addrs]
+    started = time.monotonic()
+    with map_exceptions({OSError: (LocalNetworkError, NetReason.BAD_ADDRESS)}, "listen"):
+        async with host.run(listen):
+            try:
+                async with (
+                    background_trio_service(pubsub),
+                    background_trio_service(router),
+                    _maybe_service(dht),
+                ):
+                    await pubsub.wait_until_ready()
+                    async with trio.open_nursery() as nursery:
+                        net._nursery = nursery
+                        net._running = True
+                        nursery.start_soon(net._publisher)
+                        for addr in config.bootstrap:
+                            try:
+                                await net.connect(addr)
+                            except DialError as exc:
+                                logger.warning("bootstrap peer %s unreachable: %s", addr, exc)
+                        logger.info(
+                            "libp2p node %s up on %s in %.0f ms",
+                            net.peer_id,
+                            ", ".join(net.listen_addrs),
+                            (time.monotonic() - started) * 1000,
+                        )
+                        task_status.started(net)
+                        await trio.sleep_forever()
+            finally:
+                net._running = False
+                # Without close() leaving host.run() leaks the sockets (0.8.1).
+                with trio.CancelScope(shield=True), trio.move_on_after(config.close_timeout):
+                    await host.close()
