@@ -12,9 +12,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from node.cli import demo
+
 __all__ = ["main"]
 
-_GROUPS: tuple[Any, ...] = ()
+_GROUPS: tuple[Any, ...] = (demo,)
 
 
 def build_parser() -> argparse.ArgumentParser:
