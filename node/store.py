@@ -1,0 +1,340 @@
+"""The node's content-addressed blob store (spec/content.md).
+
+Rules:
+- A blob lives at ``blobs/sha256/<hex>``, where ``<hex>`` is the sha256 of its content.
+  Files there are complete and read-only (mode 0444): every write goes to ``tmp/`` first,
+  is hashed while written, fsynced and renamed into place, so a crash leaves either the
+  whole blob or nothing.
+- Reads through this API are verified: a blob whose content no longer matches its name is
+  removed and :class:`CorruptBlob` raised. ``path()`` hands out the file itself (for
+  read-only bind mounts); callers that need the guarantee call ``verify()`` first.
+- Garbage collection is by reference: ``refs/<name>`` files list digests (one per line) that
+  must be kept; everything else older than a grace period goes.
+- Large blobs move between nodes in 4 MiB chunks (protocol.content). A transfer in progress
+  lives in ``partial/<hex>`` with a ``.have`` file of received chunk indices, so it resumes
+  after a restart; it becomes a blob only when the whole digest checks out.
+
+Errors::
+
+    StoreError
+    +-- BlobNotFound      no blob with that digest
+    +-- CorruptBlob       content does not match its digest (removed)
+"""
+
+from __future__ import annotations
+
+import contextlib
+import hashlib
+import logging
+import os
+import re
+import time
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+from typing import IO
+
+from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
+from protocol.errors import InvalidMessage
+from protocol.messages import check_digest
+
+__all__ = ["BlobNotFound", "BlobStore", "CorruptBlob", "StoreError"]
+
+log = logging.getLogger(__name__)
+
+_COPY = 1024 * 1024
+_REF_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*\Z")
+
+
+class StoreError(Exception):
+    """Base of the store's errors."""
+
+
+class BlobNotFound(StoreError):
+    def __init__(self, digest: str) -> None:
+        super().__init__(f"blob {digest} is not in the store; import or fetch it first")
+        self.digest = digest
+
+
+class CorruptBlob(StoreError):
+    def __init__(self, digest: str, actual: str) -> None:
+        super().__init__(f"blob {digest} holds content {actual}; removed, fetch it again")
+        self.digest = digest
+
+
+def _hex(digest: str) -> str:
+    check_digest(digest, "blob")
+    return digest[len("sha256:") :]
+
+
+class BlobStore:
+    """A directory of sha256-named blobs. Safe for concurrent writers on one filesystem."""
+
+    def __init__(self, root: Path | str) -> None:
+        self.root = Path(root)
+        self._blobs = self.root / "blobs" / "sha256"
+        self._tmp = self.root / "tmp"
+        self._refs = self.root / "refs"
+        self._partial = self.root / "partial"
+        self._manifests = self.root / "chunks"
+        for d in (self._blobs, self._tmp, self._refs, self._partial, self._manifests):
+            d.mkdir(parents=True, exist_ok=True)
+        # Containers run as a mapped uid and read inputs through bind mounts.
+        for d in (self.root, self.root / "blobs", self._blobs):
+            d.chmod(0o755)
+        self._verified: dict[str, tuple[int, int, int]] = {}
+
+    # -- writing ---------------------------------------------------------------------------
+
+    def put_bytes(self, data: bytes) -> str:
+        return self.put_stream([data])
+
+    def put_file(self, path: Path | str, expect: str | None = None) -> str:
+        with open(path, "rb") as f:
+            return self.put_reader(f, expect)
+
+    def put_reader(self, reader: IO[bytes], expect: str | None = None) -> str:
+        return self.put_stream(iter(lambda: reader.read(_COPY), b""), expect)
+
+    def put_stream(self, parts: Iterable[bytes], expect: str | None = None) -> str:
+        """Store the concatenation of ``parts``; return its digest.
+
+        Raises:
+            CorruptBlob: ``expect`` was given and the content hashes to something else.
+        """
+        h = hashlib.sha256()
+        fd, tmp = _mkstemp(self._tmp)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                for part in parts:
+                    h.update(part)
+                    f.write(part)
+                f.flush()
+                os.fsync(f.fileno())
+            digest = "sha256:" + h.hexdigest()
+            if expect is not None and expect != digest:
+                raise CorruptBlob(expect, digest)
+            self._commit(tmp, digest)
+        finally:
+            with contextlib.suppress(FileNotFoundError):
+                os.unlink(tmp)
+        return digest
+
+    def _commit(self, tmp: str, digest: str) -> None:
+        os.chmod(tmp, 0o444)
+        # rename is atomic; if another writer got there first the content is identical.
+        os.rename(tmp, self._blobs / _hex(digest))
+
+    # -- reading ---------------------------------------------------------------------------
+
+    def has(self, digest: str) -> bool:
+        return (self._blobs / _hex(digest)).is_file()
+
+    def path(self, digest: str) -> Path:
+        """The blob's file (read-only). Raises BlobNotFound."""
+        p = self._blobs / _hex(digest)
+        if not p.is_file():
+            raise BlobNotFound(digest)
+        return p
+
+    def size(self, digest: str) -> int:
+        return self.path(digest).stat().st_size
+
+    def read_bytes(self, digest: str) -> bytes:
+        """The whole blob, verified. Raises BlobNotFound, CorruptBlob."""
+        data = self.path(digest).read_bytes()
+        actual = "sha256:" + hashlib.sha256(data).hexdigest()
+        if actual != digest:
+            self._quarantine(digest, actual)
+        return data
+
+    def verify(self, digest: str) -> None:
+        """Hash the blob unless it was verified unchanged since; raises like read_bytes."""
+        p = self.path(digest)
+        st = p.stat()
+        key = (st.st_ino, st.st_size, st.st_mtime_ns)
+        if self._verified.get(digest) == key:
+            return
+        h = hashlib.sha256()
+        with open(p, "rb") as f:
+            while block := f.read(_COPY):
+                h.update(block)
+        actual = "sha256:" + h.hexdigest()
+        if actual != digest:
+            self._quarantine(digest, actual)
+        self._verified[digest] = key
+
+    def _quarantine(self, digest: str, actual: str) -> None:
+        log.error("blob %s is corrupt (content hashes to %s); removing it", digest, actual)
+        self._verified.pop(digest, None)
+        with contextlib.suppress(FileNotFoundError):
+            (self._blobs / _hex(digest)).unlink()
+        raise CorruptBlob(digest, actual)
+
+    def digests(self) -> Iterator[str]:
+        for p in self._blobs.iterdir():
+            yield "sha256:" + p.name
+
+    def delete(self, digest: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self._blobs / _hex(digest)).unlink()
+        self._verified.pop(digest, None)
+
+    # -- references and garbage collection -------------------------------------------------
+
+    def pin(self, name: str, digests: Iterable[str]) -> None:
+        """Keep ``digests`` alive under ``name`` (e.g. ``image/<hex>``, ``job/<id>``)."""
+        if not _REF_NAME.match(name) or ".." in name:
+            raise ValueError(f"ref name {name!r} must be path-safe")
+        lines = sorted(set(digests))
+        for d in lines:
+            check_digest(d, "pinned blob")
+        target = self._refs / name
+        target.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = _mkstemp(self._tmp)
+        with os.fdopen(fd, "w") as f:
+            f.write("".join(line + "\n" for line in lines))
+        os.rename(tmp, target)
+
+    def unpin(self, name: str) -> None:
+        with contextlib.suppress(FileNotFoundError):
+            (self._refs / name).unlink()
+
+    def refs(self) -> dict[str, list[str]]:
+        return {
+            str(p.relative_to(self._refs)): p.read_text().split()
+            for p in sorted(self._refs.rglob("*"))
+            if p.is_file()
+        }
+
+    def gc(self, *, grace_s: float = 3600.0) -> list[str]:
+        """Delete blobs no ref names and older than ``grace_s`` (so that an import that has
+        written blobs but not yet pinned them is safe). Returns the deleted digests."""
+        keep = {d for ds in self.refs().values() for d in ds}
+        cutoff = time.time() - grace_s
+        removed = []
+        for p in list(self._blobs.iterdir()):
+            digest = "sha256:" + p.name
+            if digest in keep:
+                continue
+            with contextlib.suppress(FileNotFoundError):
+                if p.stat().st_mtime <= cutoff:
+                    p.unlink()
+                    (self._manifests / p.name).unlink(missing_ok=True)
+                    removed.append(digest)
+        for p in list(self._tmp.iterdir()):
+            with contextlib.suppress(FileNotFoundError):
+                if p.stat().st_mtime <= cutoff:
+                    p.unlink()
+        log.info("gc removed %d blobs, kept %d referenced", len(removed), len(keep))
+        return removed
+
+    # -- chunked transfer (sending side) ---------------------------------------------------
+
+    def manifest(self, digest: str) -> ChunkManifest:
+        """The blob's chunk manifest, computed once and cached."""
+        cached = self._manifests / _hex(digest)
+        if cached.is_file():
+            with contextlib.suppress(InvalidMessage, ValueError):
+                m = decode_manifest(cached.read_bytes())
+                if m.blob == digest:
+                    return m
+        chunks = []
+        size = 0
+        whole = hashlib.sha256()
+        with open(self.path(digest), "rb") as f:
+            while block := f.read(CHUNK_SIZE):
+                size += len(block)
+                whole.update(block)
+                chunks.append(hashlib.sha256(block).digest())
+        actual = "sha256:" + whole.hexdigest()
+        if actual != digest:
+            self._quarantine(digest, actual)
+        m = ChunkManifest(blob=digest, size=size, chunks=tuple(chunks))
+        fd, tmp = _mkstemp(self._tmp)
+        with os.fdopen(fd, "wb") as out:
+            out.write(m.encode())
+        os.rename(tmp, cached)
+        return m
+
+    def read_chunk(self, manifest: ChunkManifest, index: int) -> bytes:
+        """Chunk ``index`` of a stored blob, checked against the manifest."""
+        offset, length = manifest.span(index)
+        with open(self.path(manifest.blob), "rb") as f:
+            f.seek(offset)
+            data = f.read(length)
+        try:
+            manifest.verify_chunk(index, data)
+        except InvalidMessage:
+            self._quarantine(manifest.blob, "a chunk that does not match its manifest")
+        return data
+
+    # -- chunked transfer (receiving side) -------------------------------------------------
+
+    def missing_chunks(self, manifest: ChunkManifest) -> list[int]:
+        """Indices still to fetch; all of them for a new transfer, none if the blob is here."""
+        if self.has(manifest.blob):
+            return []
+        have = self._have(manifest)
+        return [i for i in range(len(manifest.chunks)) if i not in have]
+
+    def put_chunk(self, manifest: ChunkManifest, index: int, data: bytes) -> str | None:
+        """Verify and record one chunk. Returns the blob digest once the blob is complete.
+
+        Raises:
+            InvalidMessage: the chunk does not match the manifest (the sender misbehaved).
+            CorruptBlob: every chunk matched but the whole digest did not: the manifest was
+                a lie; the partial transfer is discarded.
+        """
+        manifest.verify_chunk(index, data)
+        if self.has(manifest.blob):
+            return manifest.blob
+        data_path, have_path = self._partial_paths(manifest)
+        fd = os.open(data_path, os.O_WRONLY | os.O_CREAT, 0o600)
+        try:
+            os.pwrite(fd, data, manifest.span(index)[0])
+            os.fsync(fd)
+        finally:
+            os.close(fd)
+        # Record the index only after the bytes are durable, so a crash re-fetches it.
+        with open(have_path, "a") as f:
+            f.write(f"{index}\n")
+        if len(self._have(manifest)) < len(manifest.chunks):
+            return None
+        return self._finish(manifest)
+
+    def _finish(self, manifest: ChunkManifest) -> str:
+        data_path, have_path = self._partial_paths(manifest)
+        if manifest.size == 0:
+            data_path.touch()
+        os.truncate(data_path, manifest.size)
+        h = hashlib.sha256()
+        with open(data_path, "rb") as f:
+            while block := f.read(_COPY):
+                h.update(block)
+        actual = "sha256:" + h.hexdigest()
+        have_path.unlink(missing_ok=True)
+        if actual != manifest.blob:
+            data_path.unlink(missing_ok=True)
+            raise CorruptBlob(manifest.blob, actual)
+        self._commit(str(data_path), manifest.blob)
+        return manifest.blob
+
+    def _partial_paths(self, manifest: ChunkManifest) -> tuple[Path, Path]:
+        # Keyed by the manifest digest, so two different claims about one blob never mix.
+        key = manifest.digest()[len("sha256:") :]
+        return self._partial / key, self._partial / (key + ".have")
+
+    def _have(self, manifest: ChunkManifest) -> set[int]:
+        _, have_path = self._partial_paths(manifest)
+        try:
+            text = have_path.read_text()
+        except FileNotFoundError:
+            return set()
+        n = len(manifest.chunks)
+        # A torn last line (crash mid-append) is ignored and that chunk fetched again.
+        return {int(t) for t in text.split("\n")[:-1] if t.isdigit() and int(t) < n}
+
+
+def _mkstemp(directory: Path) -> tuple[int, str]:
+    name = str(directory / f".{os.getpid()}-{os.urandom(8).hex()}")
+    return os.open(name, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), name
