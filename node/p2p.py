@@ -6,7 +6,8 @@ This is the only module of the project that imports libp2p. Each pitfall of 0.8.
 
 - Identity: the host key is the node's Ed25519 key, so the libp2p peer id is
   ``PrivateKey.peer_id``.
-- Security: Noise only. ``new_host`` would also offer TLS, SECIO and plaintext.
+- Security: Noise only, muxer yamux only. ``new_host`` would also offer TLS, SECIO and
+  plaintext, and mplex.
 - Dial delay: ``Swarm.dial_peer`` waits 250 ms (happy eyeballs) after starting each dial
   unless the dial reaches ``max_connections_per_peer``; with one connection per peer a
   successful dial returns at once. Retries are cut to one so a dead peer fails fast.
@@ -73,6 +74,8 @@ from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
+from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
+from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
 from node.framing import FramingError, bundle_size, decode_bundle, encode_bundle
@@ -275,7 +278,7 @@ def _build_host(key: PrivateKey, config: P2PConfig) -> BasicHost:
     host = new_host(
         key_pair=key_pair,
         sec_opt=security,
-        muxer_preference="YAMUX",
+        muxer_opt={TProtocol(YAMUX_PROTOCOL_ID): Yamux},  # the default also offers mplex
         listen_addrs=[multiaddr.Multiaddr(a) for a in config.listen_addrs],
         enable_mDNS=config.enable_mdns,
         connection_config=connections,
@@ -390,6 +393,16 @@ class P2PNetwork:
     def listen_addrs(self) -> list[str]:
         return [str(a) for a in self.host.get_addrs()]
 
+    def offered_security(self) -> tuple[str, ...]:
+        """Security protocols this host negotiates, in preference order."""
+        swarm: Any = self.host.get_network()
+        return tuple(str(p) for p in swarm.upgrader.security_multistream.transports)
+
+    def offered_muxers(self) -> tuple[str, ...]:
+        """Stream multiplexers this host negotiates, in preference order."""
+        swarm: Any = self.host.get_network()
+        return tuple(str(p) for p in swarm.upgrader.muxer_multistream.transports)
+
     def peers(self) -> frozenset[PeerId]:
         swarm: Any = self.host.get_network()
         return frozenset(
@@ -397,6 +410,10 @@ class P2PNetwork:
             for peer, conns in swarm.connections.items()
             if any(not c.is_closed for c in conns)
         )
+
+    def _has_live_connection(self, peer: ID) -> bool:
+        swarm: Any = self.host.get_network()
+        return any(not c.is_closed for c in swarm.get_connections(peer))
 
     def _check_running(self) -> None:
         if not self._running:
@@ -413,16 +430,22 @@ class P2PNetwork:
         if info.peer_id == self._own_id:
             raise LocalNetworkError(NetReason.BAD_ADDRESS, "refusing to dial ourselves")
         swarm: Any = self.host.get_network()
-        if not any(not c.is_closed for c in swarm.get_connections(info.peer_id)):
-            # Redial: forget the negative-cache entry and the addresses we had for it, or
-            # the swarm refuses it for 60 s / dials only its first (stale) TCP address.
-            swarm.unblock_peer(info.peer_id)
-            self.host.get_peerstore().clear_addrs(info.peer_id)
         with (
             map_exceptions(_DIAL_ERRORS, f"dial {addr}"),
             trio.fail_after(self.config.dial_timeout),
         ):
+            if not self._has_live_connection(info.peer_id):
+                # Redial. BasicHost.connect returns early while the swarm still lists a
+                # closed connection; the swarm refuses a peer for 60 s after a failed
+                # dial; and it dials only the first stored TCP address (a stale one).
+                # Drop all three before dialing the address we were given.
+                if swarm.get_connections(info.peer_id):
+                    await swarm.close_peer(info.peer_id)
+                swarm.unblock_peer(info.peer_id)
+                self.host.get_peerstore().clear_addrs(info.peer_id)
             await self.host.connect(info)
+        if not self._has_live_connection(info.peer_id):
+            raise DialError(NetReason.UNREACHABLE, f"dial {addr}: no connection came up")
         if self.dht is not None:
             await self.dht.add_peer(info.peer_id)
         return _peer(info.peer_id)
@@ -516,7 +539,14 @@ class P2PNetwork:
                 NetReason.TOO_LARGE,
                 f"gossip message of {len(data)} bytes exceeds {self.config.max_message_size}",
             )
-        await self._outbox_send.send(_Outgoing(topic, bytes(data)))
+        item = _Outgoing(topic, bytes(data))
+        await trio.lowlevel.checkpoint_if_cancelled()
+        try:
+            # No yield while there is room: a burst of publishes then leaves in a few
+            # bundles instead of one bundle per scheduler pass.
+            self._outbox_send.send_nowait(item)
+        except trio.WouldBlock:
+            await self._outbox_send.send(item)
         self._queued += 1
         self.stats["published"] += 1
 

@@ -1,0 +1,243 @@
+"""node/p2p.py over real libp2p 0.8.1 on loopback: one test per pitfall of PLATFORM.md.
+
+Each of these would fail after a libp2p upgrade that changed the behaviour it guards.
+No sleeps to synchronise; waits are bounded by trio.fail_after.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import itertools
+import logging
+from collections.abc import AsyncIterator
+
+import multiaddr
+import pytest
+import trio
+from libp2p import new_host
+from libp2p.crypto.ed25519 import create_new_key_pair
+from libp2p.network.config import ConnectionConfig, RetryConfig
+from libp2p.peer.peerinfo import info_from_p2p_addr
+from libp2p.pubsub import pubsub as pubsub_module
+from libp2p.pubsub.pb import rpc_pb2
+from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
+from libp2p.security.secio.transport import ID as SECIO_PROTOCOL_ID
+from libp2p.security.secio.transport import Transport as SecioTransport
+
+from node.p2p import GossipTuning, P2PConfig, P2PNetwork, serve_network
+from node.transport import (
+    DialError,
+    FramedStream,
+    Gossip,
+    PeerId,
+    ProtocolId,
+    Stream,
+    Verdict,
+)
+from protocol.identity import PrivateKey
+
+pytestmark = pytest.mark.integration
+
+TOPIC = "cx/offers/v1"
+BOUND = 30
+ECHO = ProtocolId("/cx/test/echo/1")
+
+
+def key(i: int) -> PrivateKey:
+    return PrivateKey.from_seed(bytes([0x40 + i]) * 32)
+
+
+def accept_all(sender: PeerId, data: bytes) -> Verdict:
+    return Verdict.ACCEPT
+
+
+@contextlib.asynccontextmanager
+async def open_nodes(
+    count: int, config: P2PConfig | None = None
+) -> AsyncIterator[list[P2PNetwork]]:
+    async with trio.open_nursery() as nursery:
+        nets = [await nursery.start(serve_network, key(i), config) for i in range(count)]
+        yield nets
+        nursery.cancel_scope.cancel()
+
+
+async def wait_until(predicate: object) -> None:
+    """Wait for a condition libp2p offers no event for (a closed socket being noticed)."""
+    assert callable(predicate)
+    while not predicate():  # noqa: ASYNC110 - no event exists for these conditions
+        await trio.sleep(0.01)
+
+
+async def test_host_identity_is_the_node_key() -> None:
+    async with open_nodes(1) as (net,):
+        assert net.host.get_id().to_base58() == key(0).peer_id == net.peer_id
+        assert all(addr.endswith("/p2p/" + key(0).peer_id) for addr in net.listen_addrs)
+        assert all(addr.startswith("/ip4/127.0.0.1/tcp/") for addr in net.listen_addrs)
+
+
+async def test_only_noise_and_yamux_are_offered() -> None:
+    async with open_nodes(1) as (net,):
+        assert net.offered_security() == ("/noise",)
+        assert net.offered_muxers() == ("/yamux/1.0.0",)
+
+
+@pytest.mark.parametrize("insecure", ["plaintext", "secio"])
+async def test_plaintext_and_secio_dialers_are_refused(insecure: str) -> None:
+    pair = create_new_key_pair()
+    security = (
+        {PLAINTEXT_PROTOCOL_ID: InsecureTransport(pair)}
+        if insecure == "plaintext"
+        else {SECIO_PROTOCOL_ID: SecioTransport(pair)}
+    )
+    client = new_host(
+        key_pair=pair,
+        sec_opt=security,
+        connection_config=ConnectionConfig(max_connections_per_peer=1),
+    )
+    client.get_network().retry_config = RetryConfig(max_retries=0)
+    async with open_nodes(1) as (net,):
+        async with client.run([multiaddr.Multiaddr("/ip4/127.0.0.1/tcp/0")]):
+            with trio.fail_after(BOUND), pytest.raises(Exception, match=r"."):
+                await client.connect(info_from_p2p_addr(multiaddr.Multiaddr(net.listen_addrs[0])))
+            await client.close()
+        assert net.peers() == frozenset()
+
+
+async def test_gossip_under_load_loses_nothing() -> None:
+    """2,000 orders published as fast as publish() allows reach all five nodes.
+
+    Stock GossipSub 0.8.1 delivered 32 of 3,000 (spam cap, 32-deep queues). Bundles are
+    capped at 8 orders here so that 250 pubsub messages cross each link in a burst, far
+    past the 10 msg/s cap and the 32-deep queues.
+    """
+    count = 2000
+    config = P2PConfig(gossip=GossipTuning(bundle_max_items=8))
+    async with open_nodes(5, config) as nets:
+        # i -> i+1 and i -> i+2: several paths, so duplicates must be suppressed too.
+        for i, j in itertools.chain(
+            itertools.pairwise(range(5)), zip(range(3), range(2, 5), strict=True)
+        ):
+            await nets[i].connect(nets[j].listen_addrs[0])
+        channels = [await net.subscribe(TOPIC, accept_all) for net in nets]
+        with trio.fail_after(BOUND):
+            for i, j in itertools.pairwise(range(5)):
+                await nets[i].wait_subscribed(nets[j].peer_id, TOPIC)
+        sent = [b"order-%05d" % n for n in range(count)]
+        received: list[list[Gossip]] = [[] for _ in nets]
+
+        async def drain(index: int) -> None:
+            for _ in range(count):
+                received[index].append(await channels[index].receive())
+
+        with trio.fail_after(BOUND):
+            async with trio.open_nursery() as nursery:
+                for index in range(1, 5):
+                    nursery.start_soon(drain, index)
+                for data in sent:
+                    await nets[0].publish(TOPIC, data)
+        for index in range(1, 5):
+            assert sorted(g.data for g in received[index]) == sent, f"node {index}"
+            assert {g.sender for g in received[index]} == {nets[0].peer_id}
+            with pytest.raises(trio.WouldBlock):
+                channels[index].receive_nowait()  # and nothing twice
+        assert nets[0].stats["bundles"] >= count // 8
+
+
+async def test_rejecting_sender_loses_score_with_the_right_sign() -> None:
+    async with open_nodes(2) as (a, b):
+        await a.connect(b.listen_addrs[0])
+        await a.subscribe(TOPIC, accept_all)
+        await b.subscribe(TOPIC, lambda sender, data: Verdict.REJECT)
+        with trio.fail_after(BOUND):
+            await a.wait_subscribed(b.peer_id, TOPIC)
+            before = b.score(a.peer_id)
+            await a.publish(TOPIC, b"forged offer")
+            await a.flush()
+            await wait_until(lambda: b.stats["rejected"] == 1)
+        assert before == 0
+        assert b.score(a.peer_id) < 0  # 0.8.1 subtracts p4; a go-style weight would add
+
+
+async def test_malformed_bundle_is_rejected() -> None:
+    async with open_nodes(2) as (a, b):
+        await a.connect(b.listen_addrs[0])
+        await a.subscribe(TOPIC, accept_all)
+        from_b = await b.subscribe(TOPIC, accept_all)
+        with trio.fail_after(BOUND):
+            await a.wait_subscribed(b.peer_id, TOPIC)
+            await a.pubsub.publish(TOPIC, b"\x07 not a bundle")  # bypasses our publisher
+            await wait_until(lambda: b.stats["rejected"] == 1)
+        assert b.score(a.peer_id) < 0
+        with pytest.raises(trio.WouldBlock):
+            from_b.receive_nowait()
+
+
+async def echo(stream: Stream) -> None:
+    framed = FramedStream(stream)
+    while (frame := await framed.receive_frame()) is not None:
+        await framed.send_frame(frame)
+
+
+async def test_redial_after_restart_at_a_new_address() -> None:
+    """A failed dial puts the peer in a 60 s negative cache and leaves its old address
+    first in the peerstore; connect() to the restarted peer must still work at once."""
+    async with open_nodes(1) as (a,):
+        async with trio.open_nursery() as first_life:
+            b = await first_life.start(serve_network, key(1))
+            old_addr = b.listen_addrs[0]
+            await a.connect(old_addr)
+            first_life.cancel_scope.cancel()
+        with trio.fail_after(BOUND):
+            await wait_until(lambda: key(1).peer_id not in a.peers())
+            with pytest.raises(DialError):
+                await a.connect(old_addr)  # down: now negatively cached
+        async with trio.open_nursery() as second_life:
+            b = await second_life.start(serve_network, key(1))
+            b.serve(ECHO, echo)
+            assert b.listen_addrs[0] != old_addr
+            with trio.fail_after(BOUND):
+                assert await a.connect(b.listen_addrs[0]) == b.peer_id
+                framed = FramedStream(await a.open_stream(b.peer_id, ECHO))
+                await framed.send_frame(b"still there?")
+                assert await framed.receive_frame() == b"still there?"
+                await framed.aclose()
+            second_life.cancel_scope.cancel()
+
+
+async def test_gossipsub_is_tuned_and_pubsub_queues_are_deepened() -> None:
+    async with open_nodes(2) as (a, b):
+        await a.connect(b.listen_addrs[0])
+        await a.subscribe(TOPIC, accept_all)
+        await b.subscribe(TOPIC, accept_all)
+        with trio.fail_after(BOUND):
+            await a.wait_subscribed(b.peer_id, TOPIC)
+        router = a.router
+        assert not router.spam_protection_enabled
+        assert not router.adaptive_gossip_enabled
+        assert router.heartbeat_interval == 1
+        assert pubsub_module.SUBSCRIPTION_CHANNEL_SIZE >= 8192
+        # The queue a new peer gets now takes far more than 32 RPCs before refusing.
+        queue = pubsub_module.RpcQueue()  # type: ignore[attr-defined]
+        assert all(queue.push(rpc_pb2.RPC()) for _ in range(1000))
+        assert len(a.pubsub.peer_queues) == 1
+        assert type(next(iter(a.pubsub.peer_queues.values()))) is type(queue)
+
+
+async def test_libp2p_warnings_reach_our_handlers(caplog: pytest.LogCaptureFixture) -> None:
+    async with open_nodes(1, P2PConfig(log_level=logging.WARNING)):
+        caplog.set_level(logging.WARNING)
+        logging.getLogger("libp2p.pubsub.pubsub").warning("probe from libp2p")
+        assert any(r.getMessage() == "probe from libp2p" for r in caplog.records)
+        noisy = logging.getLogger("libp2p.network.auto_connector")
+        assert noisy.getEffectiveLevel() == logging.WARNING
+
+
+async def test_bootstrap_and_dht() -> None:
+    async with open_nodes(1) as (seed,):
+        config = P2PConfig(bootstrap=(seed.listen_addrs[0],), enable_dht=True)
+        async with trio.open_nursery() as nursery:
+            net = await nursery.start(serve_network, key(7), config)
+            assert seed.peer_id in net.peers()
+            assert net.dht is not None
+            assert net.dht.get_routing_table_size() >= 1
+            nursery.cancel_scope.cancel()
