@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from node.cli import demo
+from node.cli import attest, demo
 
 __all__ = ["main"]
 
-_GROUPS: tuple[Any, ...] = (demo,)
+_GROUPS: tuple[Any, ...] = (demo, attest)
 
 
 def build_parser() -> argparse.ArgumentParser:
