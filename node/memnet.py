@@ -28,7 +28,6 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from node.framing import DEFAULT_MAX_FRAME
 from node.transport import (
     DialError,
     Gossip,
@@ -62,7 +61,7 @@ class MemoryHub:
     def __init__(
         self,
         *,
-        max_message_size: int = DEFAULT_MAX_FRAME,
+        max_message_size: int = 256 * 1024,  # as P2PConfig.max_message_size
         subscription_buffer: int = 4096,
         stream_buffer: int = 16,
     ) -> None:
