@@ -510,7 +510,12 @@ class RootfsCache:
         ready = self.path(manifest_digest)
         if ready is not None:
             return ready
-        manifest = json.loads(self.store.read_bytes(manifest_digest))
+        try:
+            manifest = json.loads(self.store.read_bytes(manifest_digest))
+        except StoreError as exc:
+            raise ImageError(
+                f"image {manifest_digest} is not imported: run cx image import"
+            ) from exc
         work = self.root / f".tmp-{os.getpid()}-{os.urandom(4).hex()}"
         layout = work / "layout"
         blobs = layout / "blobs" / "sha256"

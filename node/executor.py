@@ -1,0 +1,541 @@
+"""The provider's executor: run one agreed job in an OCI container, meter it, return outputs.
+
+Rules:
+- Capacity: a job is admitted only if its resources fit in what is left of the offered
+  capacity (GPUs by index); otherwise :class:`CapacityExceeded` and nothing runs.
+- Layout of a job (``<work>/jobs/<id>``): ``root`` is an overlay of the unpacked image
+  (read-only in the container), ``out`` a tmpfs capped at ``max_output_bytes`` (+ one page so
+  that "more than the cap" is observable), ``ckpt`` a tmpfs for the checkpoint directory,
+  ``logs`` a small tmpfs for stdout/stderr. Inputs are verified and bind-mounted read-only
+  from the store. /tmp is a container tmpfs of ``disk_bytes`` (or a default). tmpfs pages are
+  charged to the job's memory cgroup, so no write escapes the memory limit either.
+- Wall clock: from ``start`` until init exits. At ``wall_ms`` the job is killed (timeout).
+  On preemption the declared signal goes to the job's init, then after ``grace_ms`` SIGKILL;
+  a PID-1 without a handler ignores the first signal, which is the job's contract to keep.
+- Usage is read from the job's cgroup after init exits and before ``delete``; the exit
+  reason is protocol.usage.classify of what was observed.
+- Outputs: every regular file under the output area becomes a blob and a DataRef at its
+  container path; symlinks, devices and fifos are skipped, files are opened with
+  O_NOFOLLOW|O_NONBLOCK (the job controls that tree). The checkpoint directory, if not
+  empty, becomes one reproducible tar blob; ``resume_from`` unpacks one into it.
+- Anything that goes wrong on the provider's side after admission yields a result with
+  ``provider-fault`` (logged with the traceback); cleanup always runs.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import io
+import json
+import logging
+import os
+import select
+import shutil
+import signal
+import stat
+import tarfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path, PurePosixPath
+
+import trio
+
+from node import mounts
+from node.cgroups import CgroupMode, Counters, detect_mode, locate, read_counters
+from node.gpu import GpuDevice, wire_gpus
+from node.image import ID_MAP_BASE, RootfsCache, image_config
+from node.ocispec import Bind, JobConfig, build_config
+from node.runtime import Runtime, RuntimeFault, choose_runtime
+from node.store import BlobStore
+from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources, Usage
+from protocol.usage import Observation, classify, exit_code_of
+
+__all__ = ["CapacityExceeded", "Executor", "ExecutorConfig", "JobResult"]
+
+log = logging.getLogger(__name__)
+
+_PAGE = 4096
+_LOG_BYTES = 8 * 1024 * 1024
+_DEFAULT_SCRATCH = 64 * 1024 * 1024
+_CKPT_BYTES = 256 * 1024 * 1024
+
+
+class CapacityExceeded(Exception):
+    """The job does not fit in what is left of the offered capacity."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ExecutorConfig:
+    store_root: Path
+    work_root: Path
+    capacity: Resources
+    gpus: tuple[GpuDevice, ...] = ()
+    pids_limit: int = 512
+    runtime: str | None = None  # "crun" / "runc"; None: choose for the host
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobResult:
+    job_id: str
+    exit_reason: ExitReason
+    exit_code: int
+    usage: Usage
+    outputs: tuple[DataRef, ...] = ()
+    checkpoint: str | None = None
+    stdout: str | None = None  # blob digests of the job's logs
+    stderr: str | None = None
+    detail: str = ""
+
+
+@dataclass(slots=True)
+class _Running:
+    stop: trio.Event = field(default_factory=trio.Event)
+
+
+def _block_device(path: Path) -> tuple[int, int] | None:
+    """The whole disk under ``path`` (v1 blkio throttles only whole disks)."""
+    dev = path.stat().st_dev
+    major, minor = os.major(dev), os.minor(dev)
+    if major == 0:
+        return None  # tmpfs, overlay, ...
+    sys_dev = Path(f"/sys/dev/block/{major}:{minor}")
+    if (sys_dev / "partition").exists():
+        parent = (sys_dev.resolve().parent / "dev").read_text().strip()
+        a, _, b = parent.partition(":")
+        return int(a), int(b)
+    return major, minor
+
+
+class Executor:
+    """Runs jobs; one per provider process. Create it, then ``await run_job(...)``."""
+
+    def __init__(self, config: ExecutorConfig) -> None:
+        self.config = config
+        self.store = BlobStore(config.store_root)
+        self.rootfs = RootfsCache(self.store)
+        self.jobs_dir = config.work_root / "jobs"
+        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        config.work_root.chmod(0o711)
+        self.jobs_dir.chmod(0o711)
+        for root in (config.store_root, config.work_root):
+            _check_searchable(root.resolve())
+        self.mode = detect_mode()
+        self.runtime: Runtime = choose_runtime(self.mode, config.work_root, config.runtime)
+        self._in_use = Resources(cpu_milli=0, memory_bytes=0, disk_bytes=0, gpus=0)
+        self._free_gpus = list(config.gpus)
+        self._running: dict[str, _Running] = {}
+        self._swap = self._swap_accounting()
+        self._block_dev = _block_device(config.store_root)
+        mounts.prctl_subreaper()
+        log.info(
+            "executor: cgroup %s, runtime %s, capacity %s",
+            self.mode.value,
+            self.runtime.describe(),
+            config.capacity,
+        )
+
+    def _swap_accounting(self) -> bool:
+        if self.mode is CgroupMode.V2:
+            return Path("/sys/fs/cgroup/cgroup.controllers").exists()
+        return Path("/sys/fs/cgroup/memory/memory.memsw.limit_in_bytes").exists()
+
+    @property
+    def free(self) -> Resources:
+        return self.config.capacity.minus(self._in_use)
+
+    async def recover(self) -> None:
+        """Clean up after a crash: delete our leftover containers, unmount job areas."""
+        for cid in await self.runtime.list_ids():
+            if cid.startswith("cx-"):
+                with contextlib.suppress(RuntimeFault):
+                    await self.runtime.delete(cid)
+        for job in self.jobs_dir.iterdir():
+            _teardown_dir(job)
+
+    def preempt(self, job_id: str) -> bool:
+        """Ask a running job to stop (declared signal, grace, kill). False if not running."""
+        running = self._running.get(job_id)
+        if running is None:
+            return False
+        running.stop.set()
+        return True
+
+    async def run_job(
+        self,
+        spec: JobSpec,
+        resources: Resources,
+        *,
+        job_id: str | None = None,
+        checkpoint: Checkpoint | None = None,
+        progress: Callable[[str], None] | None = None,
+    ) -> JobResult:
+        """Run ``spec`` within ``resources``; return what happened.
+
+        Raises:
+            CapacityExceeded: the job does not fit now (nothing ran).
+        """
+        job_id = job_id or os.urandom(8).hex()
+        if not resources.fits_in(self.free):
+            raise CapacityExceeded(
+                f"job needs {resources}, free is {self.free}: wait for a job to finish"
+            )
+        if job_id in self._running:
+            raise ValueError(f"job {job_id} is already running")
+        gpus = self._free_gpus[: resources.gpus]
+        del self._free_gpus[: resources.gpus]
+        self._in_use = self._in_use.plus(resources)
+        running = self._running[job_id] = _Running()
+        try:
+            return await self._run(job_id, spec, resources, checkpoint, gpus, running, progress)
+        finally:
+            del self._running[job_id]
+            self._in_use = self._in_use.minus(resources)
+            self._free_gpus.extend(gpus)
+
+    async def _run(
+        self,
+        job_id: str,
+        spec: JobSpec,
+        resources: Resources,
+        checkpoint: Checkpoint | None,
+        gpus: list[GpuDevice],
+        running: _Running,
+        progress: Callable[[str], None] | None,
+    ) -> JobResult:
+        say = progress or (lambda _msg: None)
+        cid = f"cx-{job_id}"
+        job = self.jobs_dir / job_id
+        created = False
+        t_start: float | None = None
+        try:
+            job.mkdir(mode=0o711)
+            bundle = await self._prepare(job, job_id, spec, resources, checkpoint, gpus, say)
+            out_fd = os.open(job / "logs" / "stdout", os.O_WRONLY | os.O_CREAT, 0o644)
+            err_fd = os.open(job / "logs" / "stderr", os.O_WRONLY | os.O_CREAT, 0o644)
+            try:
+                say("creating container")
+                created = True
+                await self.runtime.create(cid, bundle, job / "pid", out_fd, err_fd)
+            except RuntimeFault as exc:
+                # The runtime's own complaint went to the job's stderr file.
+                said = (job / "logs" / "stderr").read_text(errors="replace")[-2000:].strip()
+                raise RuntimeFault(f"{exc} {said}") from exc
+            finally:
+                os.close(out_fd)
+                os.close(err_fd)
+            pid = int((job / "pid").read_text())
+            cgroup = locate(pid, self.mode)
+            pidfd = os.pidfd_open(pid)
+            try:
+                t_start = time.monotonic()
+                await self.runtime.start(cid)
+                say(f"running (pid {pid})")
+                timed_out, preempted, status = await self._wait(
+                    pid, pidfd, spec.wall_ms, checkpoint, running
+                )
+            finally:
+                os.close(pidfd)
+            wall_ms = int((time.monotonic() - t_start) * 1000)
+            counters = read_counters(cgroup)
+            say("collecting outputs")
+            return await self._collect(
+                job_id, job, spec, checkpoint, status, counters, wall_ms, timed_out, preempted
+            )
+        except Exception as exc:  # per-job top: a provider fault, never the buyer's job
+            log.exception("job %s: provider fault", job_id)
+            wall = int((time.monotonic() - t_start) * 1000) if t_start is not None else 0
+            return JobResult(
+                job_id=job_id,
+                exit_reason=ExitReason.PROVIDER_FAULT,
+                exit_code=-1,
+                usage=Usage(wall_ms=wall, cpu_us=0),
+                detail=f"{type(exc).__name__}: {exc}",
+            )
+        finally:
+            with trio.CancelScope(shield=True):
+                if created:
+                    try:
+                        await self.runtime.delete(cid)
+                    except RuntimeFault:
+                        log.warning("job %s: delete failed", job_id, exc_info=True)
+                await trio.to_thread.run_sync(_teardown_dir, job)
+
+    async def _prepare(
+        self,
+        job: Path,
+        job_id: str,
+        spec: JobSpec,
+        resources: Resources,
+        checkpoint: Checkpoint | None,
+        gpus: list[GpuDevice],
+        say: Callable[[str], None],
+    ) -> Path:
+        lower = self.rootfs.path(spec.image)
+        if lower is None:
+            say(f"unpacking image {spec.image[:19]}")
+            lower = await trio.to_thread.run_sync(self.rootfs.unpack, spec.image)
+        img = image_config(self.store, spec.image)
+        for sub in ("root", "upper", "work", "out", "logs"):
+            (job / sub).mkdir()
+        os.chown(job / "upper", ID_MAP_BASE, ID_MAP_BASE)
+        (job / "upper").chmod(0o755)
+        mounts.mount_overlay(job / "root", lower=lower, upper=job / "upper", work=job / "work")
+        uid = gid = ID_MAP_BASE
+        out_cap = -(-spec.max_output_bytes // _PAGE) * _PAGE + _PAGE
+        mounts.mount_tmpfs(job / "out", size_bytes=out_cap, uid=uid, gid=gid)
+        mounts.mount_tmpfs(job / "logs", size_bytes=_LOG_BYTES, uid=0, gid=0)
+        binds = [Bind(source=str(job / "out"), destination=spec.output_path, readonly=False)]
+        if checkpoint is not None:
+            (job / "ckpt").mkdir()
+            mounts.mount_tmpfs(job / "ckpt", size_bytes=_CKPT_BYTES, uid=uid, gid=gid)
+            if checkpoint.resume_from is not None:
+                say(f"restoring checkpoint {checkpoint.resume_from[:19]}")
+                await trio.to_thread.run_sync(
+                    _restore_checkpoint, self.store, checkpoint.resume_from, job / "ckpt"
+                )
+            binds.append(
+                Bind(source=str(job / "ckpt"), destination=checkpoint.path, readonly=False)
+            )
+        for ref in spec.inputs:
+            await trio.to_thread.run_sync(self.store.verify, ref.digest)
+            binds.append(Bind(source=str(self.store.path(ref.digest)), destination=ref.path))
+        wiring = wire_gpus(gpus)
+        binds += wiring.binds
+        env = dict(e.split("=", 1) for e in img.get("Env") or [] if "=" in e)
+        env.setdefault("PATH", "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin")
+        env.update(wiring.env)
+        env.update(spec.env)
+        cfg = build_config(
+            JobConfig(
+                rootfs=str(job / "root"),
+                args=spec.command,
+                env=[f"{k}={v}" for k, v in env.items()],
+                cwd=img.get("WorkingDir") or "/",
+                cgroups_path=f"cx/{job_id}",
+                cpu_milli=resources.cpu_milli,
+                memory_bytes=resources.memory_bytes,
+                pids_limit=self.config.pids_limit,
+                network=spec.network,
+                swap_accounting=self._swap,
+                binds=binds,
+                devices=wiring.devices,
+                block_device=self._block_dev if self.mode is not CgroupMode.V2 else None,
+            )
+        )
+        scratch = resources.disk_bytes or _DEFAULT_SCRATCH
+        cfg["mounts"].append(
+            {
+                "destination": "/tmp",  # noqa: S108 - the container's own tmpfs
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "nodev", "mode=1777", f"size={scratch}"],
+            }
+        )
+        (job / "config.json").write_text(json.dumps(cfg))
+        return job
+
+    async def _wait(
+        self,
+        pid: int,
+        pidfd: int,
+        wall_ms: int,
+        checkpoint: Checkpoint | None,
+        running: _Running,
+    ) -> tuple[bool, bool, int]:
+        """Wait for init to exit; returns (timed_out, preempted, exit code)."""
+        timed_out = preempted = False
+
+        async def stopper() -> None:
+            nonlocal preempted
+            await running.stop.wait()
+            preempted = True
+            sig = signal.Signals[checkpoint.signal] if checkpoint else signal.SIGTERM
+            grace = checkpoint.grace_ms / 1000 if checkpoint else 0.0
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, sig)
+            await trio.sleep(grace)  # the job's grace period, part of its contract
+            with contextlib.suppress(ProcessLookupError):
+                signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(stopper)
+            with trio.move_on_after(wall_ms / 1000):
+                await trio.lowlevel.wait_readable(pidfd)
+            if not _exited(pidfd):
+                timed_out = not preempted
+                with contextlib.suppress(ProcessLookupError):
+                    signal.pidfd_send_signal(pidfd, signal.SIGKILL)
+                await trio.lowlevel.wait_readable(pidfd)
+            nursery.cancel_scope.cancel()
+        _, status = os.waitpid(pid, 0)  # noqa: ASYNC222 - pidfd says it exited: no wait
+        if os.WIFEXITED(status):
+            code = exit_code_of(exited=True, status=os.WEXITSTATUS(status))
+        else:
+            code = exit_code_of(exited=False, status=os.WTERMSIG(status))
+        return timed_out, preempted, code
+
+    async def _collect(
+        self,
+        job_id: str,
+        job: Path,
+        spec: JobSpec,
+        checkpoint: Checkpoint | None,
+        code: int,
+        counters: Counters,
+        wall_ms: int,
+        timed_out: bool,
+        preempted: bool,
+    ) -> JobResult:
+        out_bytes = await trio.to_thread.run_sync(_tree_bytes, job / "out", spec.max_output_bytes)
+        outputs: tuple[DataRef, ...] = ()
+        if out_bytes <= spec.max_output_bytes:
+            outputs = await trio.to_thread.run_sync(
+                _store_outputs, self.store, job / "out", spec.output_path
+            )
+        ckpt_digest = None
+        if checkpoint is not None:
+            ckpt_digest = await trio.to_thread.run_sync(_store_checkpoint, self.store, job / "ckpt")
+        logs = [self._store_log(job / "logs" / n) for n in ("stdout", "stderr")]
+        keep = [o.digest for o in outputs] + [d for d in [ckpt_digest, *logs] if d]
+        if keep:
+            self.store.pin(f"job/{job_id}", keep)
+        reason = classify(
+            Observation(
+                exit_code=code,
+                oom_kills=counters.oom_kills,
+                pids_limit_hits=counters.pids_limit_hits,
+                timed_out=timed_out,
+                preempted=preempted,
+                output_bytes=out_bytes,
+                max_output_bytes=spec.max_output_bytes,
+            )
+        )
+        usage = Usage(
+            wall_ms=wall_ms,
+            cpu_us=counters.cpu_us,
+            memory_peak_bytes=counters.memory_peak_bytes,
+            io_read_bytes=counters.io_read_bytes,
+            io_write_bytes=counters.io_write_bytes,
+            pids_peak=counters.pids_peak,
+            oom_kills=counters.oom_kills,
+            checkpoint_ms=wall_ms if ckpt_digest else 0,
+        )
+        log.info("job %s: %s (exit %d) %s", job_id, reason.value, code, usage)
+        return JobResult(
+            job_id=job_id,
+            exit_reason=reason,
+            exit_code=code,
+            usage=usage,
+            outputs=outputs,
+            checkpoint=ckpt_digest,
+            stdout=logs[0],
+            stderr=logs[1],
+        )
+
+    def _store_log(self, path: Path) -> str | None:
+        if path.stat().st_size == 0:
+            return None
+        return self.store.put_file(path)
+
+
+def _check_searchable(path: Path) -> None:
+    """Containers run as a mapped uid: it must be able to reach the job directories."""
+    for p in [path, *path.parents]:
+        if not p.stat().st_mode & stat.S_IXOTH:
+            raise PermissionError(
+                f"{p} is not searchable by other users, so containers cannot reach {path}: "
+                f"chmod o+x {p} or choose another directory"
+            )
+
+
+def _exited(pidfd: int) -> bool:
+    poller = select.poll()
+    poller.register(pidfd, select.POLLIN)
+    return bool(poller.poll(0))
+
+
+def _walk_files(root: Path) -> Iterator[tuple[str, int]]:
+    """(relative path, fd) of regular files under ``root``, never following symlinks."""
+    for dirpath, _dirs, files in os.walk(root, followlinks=False):
+        for name in sorted(files):
+            full = os.path.join(dirpath, name)
+            try:
+                fd = os.open(full, os.O_RDONLY | os.O_NOFOLLOW | os.O_NONBLOCK)
+            except OSError:
+                continue  # a symlink (ELOOP) or vanished
+            if not stat.S_ISREG(os.fstat(fd).st_mode):
+                os.close(fd)
+                continue
+            yield os.path.relpath(full, root), fd
+
+
+def _tree_bytes(root: Path, cap: int) -> int:
+    """Bytes of regular files in the output area; more than ``cap`` when the area filled up
+    (the job met ENOSPC, e.g. with many small files)."""
+    total = 0
+    for dirpath, _dirs, files in os.walk(root, followlinks=False):
+        for name in files:
+            with contextlib.suppress(OSError):
+                st = os.lstat(os.path.join(dirpath, name))
+                total += st.st_size if stat.S_ISREG(st.st_mode) else 0
+    vfs = os.statvfs(root)
+    return max(total, cap + 1) if vfs.f_bavail == 0 else total
+
+
+def _store_outputs(store: BlobStore, root: Path, container_path: str) -> tuple[DataRef, ...]:
+    refs = []
+    for rel, fd in _walk_files(root):
+        with os.fdopen(fd, "rb") as f:
+            digest = store.put_reader(f)
+        refs.append(
+            DataRef(
+                digest=digest,
+                path=str(PurePosixPath(container_path) / rel),
+                size=store.size(digest),
+            )
+        )
+    return tuple(refs)
+
+
+def _store_checkpoint(store: BlobStore, root: Path) -> str | None:
+    """A reproducible tar (sorted, mtime 0, uid 0) of the checkpoint directory, or None."""
+    files = list(_walk_files(root))
+    if not files:
+        return None
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for rel, fd in files:
+            with os.fdopen(fd, "rb") as f:
+                data = f.read()
+            info = tarfile.TarInfo(rel)
+            info.size, info.mode, info.mtime = len(data), 0o644, 0
+            tar.addfile(info, io.BytesIO(data))
+    return store.put_bytes(buf.getvalue())
+
+
+def _restore_checkpoint(store: BlobStore, digest: str, into: Path) -> None:
+    """Unpack a checkpoint tar (regular files only, no escaping paths) into ``into``."""
+    with tarfile.open(fileobj=io.BytesIO(store.read_bytes(digest)), mode="r:") as tar:
+        for member in tar.getmembers():
+            if not member.isfile():
+                continue
+            target = (into / member.name).resolve()
+            if not target.is_relative_to(into.resolve()):
+                raise ValueError(f"checkpoint entry {member.name!r} escapes its directory")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            src = tar.extractfile(member)
+            if src is None:
+                continue
+            target.write_bytes(src.read())
+            os.chown(target, ID_MAP_BASE, ID_MAP_BASE)
+            for parent in target.parents:
+                if parent == into.resolve():
+                    break
+                os.chown(parent, ID_MAP_BASE, ID_MAP_BASE)
+
+
+def _teardown_dir(job: Path) -> None:
+    for sub in ("root", "out", "logs", "ckpt"):
+        mounts.unmount(job / sub)
+    shutil.rmtree(job, ignore_errors=True)
