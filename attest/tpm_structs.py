@@ -197,9 +197,11 @@ def parse_public(data: bytes) -> Public:
     Only RSA and ECC keys are understood. Raises MalformedEvidence (MALFORMED, UNSUPPORTED).
     """
     data = bytes(data)
-    # A TPMT_PUBLIC starts with its type (0x0001 or 0x0023); a TPM2B_PUBLIC with a size that
-    # equals the rest of the input. Types are tiny numbers, sizes of real keys are not.
-    if len(data) >= 2 and struct.unpack_from(">H", data)[0] == len(data) - 2:
+    # A TPMT_PUBLIC starts with its type (0x0001 or 0x0023); anything else must be a
+    # TPM2B_PUBLIC whose size is the rest of the input (no real key is 1 or 35 bytes long).
+    if len(data) >= 2 and struct.unpack_from(">H", data)[0] not in (Alg.RSA, Alg.ECC):
+        if struct.unpack_from(">H", data)[0] != len(data) - 2:
+            raise MalformedEvidence(Reason.MALFORMED, "TPM2B_PUBLIC size differs from its length")
         data = data[2:]
     r = _Reader(data, "TPMT_PUBLIC")
     key_type = r.alg()
