@@ -29,6 +29,7 @@ import io
 import json
 import logging
 import os
+import re
 import select
 import shutil
 import signal
@@ -59,6 +60,10 @@ _PAGE = 4096
 _LOG_BYTES = 8 * 1024 * 1024
 _DEFAULT_SCRATCH = 64 * 1024 * 1024
 _CKPT_BYTES = 256 * 1024 * 1024
+# How crun and runc say the job's executable is missing from the image.
+_COMMAND_MISSING = re.compile(
+    r"executable file .* not found|exec: .*(no such file or directory|not found)", re.I
+)
 
 
 class CapacityExceeded(Exception):
@@ -220,6 +225,9 @@ class Executor:
             except RuntimeFault as exc:
                 # The runtime's own complaint went to the job's stderr file.
                 said = (job / "logs" / "stderr").read_text(errors="replace")[-2000:].strip()
+                if _COMMAND_MISSING.search(said):
+                    # The buyer's command does not exist in the image: the job's failure.
+                    return _not_found(job_id, said)
                 raise RuntimeFault(f"{exc} {said}") from exc
             finally:
                 os.close(out_fd)
@@ -437,6 +445,16 @@ class Executor:
         if path.stat().st_size == 0:
             return None
         return self.store.put_file(path)
+
+
+def _not_found(job_id: str, said: str) -> JobResult:
+    return JobResult(
+        job_id=job_id,
+        exit_reason=ExitReason.NONZERO_EXIT,
+        exit_code=127,  # the shell's "command not found"
+        usage=Usage(wall_ms=0, cpu_us=0),
+        detail=said.splitlines()[-1] if said else "command not found",
+    )
 
 
 def _check_searchable(path: Path) -> None:

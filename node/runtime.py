@@ -129,7 +129,7 @@ def choose_runtime(mode: CgroupMode, state_dir: Path, prefer: str | None = None)
             hide = state_dir / "empty-cgroup.controllers"
             hide.touch()
         rt = Runtime(name=name, binary=binary, hide_unified=hide)
-        log.warning("cgroup mode %s: running jobs with %s", mode.value, rt.describe())
+        log.info("cgroup mode %s: running jobs with %s", mode.value, rt.describe())
         return rt
     raise RuntimeFault(
         f"no OCI runtime found ({prefer or 'crun or runc'}): apt-get install crun runc"

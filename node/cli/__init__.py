@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from node.cli import attest, demo
+from node.cli import attest, demo, exec, image
 
 __all__ = ["main"]
 
-_GROUPS: tuple[Any, ...] = (demo, attest)
+_GROUPS: tuple[Any, ...] = (demo, attest, image, exec)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -200,3 +200,12 @@ def test_cgroup_mode_is_detected(env):
     executor, _ = env
     assert executor.mode in set(CgroupMode)
     assert executor.runtime.name in ("crun", "runc")
+
+
+async def test_command_not_in_image_is_the_jobs_failure(env):
+    executor, image = env
+    result = await executor.run_job(
+        spec(image, "unused").__class__(image=image, command=("/no/such/program",)), SMALL
+    )
+    assert (result.exit_reason, result.exit_code) == (ExitReason.NONZERO_EXIT, 127)
+    assert "/no/such/program" in result.detail

@@ -1,0 +1,207 @@
+"""``cx exec``: run one job locally from the store, exactly as a provider would, no network.
+
+Progress goes to stderr, the result (a table, or ``--json``) to stdout. Exit status: the
+job's own exit code when it ran (0 on success), 2 for unusable input, 3 for a provider fault.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import re
+import shutil
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import trio
+
+from node.cli.image import add_home_option, resolve_image
+from node.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
+from node.image import ImageError
+from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
+
+__all__ = ["register"]
+
+EXIT_INPUT = 2
+EXIT_FAULT = 3
+_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
+_TIME = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+
+
+def _bytes(text: str) -> int:
+    m = re.fullmatch(r"(\d+)\s*([kmgt]?)(i?b)?", text.strip().lower())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512M or 2G")
+    return int(m.group(1)) * _UNITS[m.group(2)]
+
+
+def _ms(text: str) -> int:
+    m = re.fullmatch(r"(\d+)(ms|s|m|h)?", text.strip())
+    if not m:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s or 5m")
+    return int(m.group(1)) * _TIME[m.group(2) or "s"]
+
+
+def _cpu(text: str) -> int:
+    if text.endswith("m"):
+        return int(text[:-1])
+    return int(float(text) * 1000)
+
+
+def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
+    p = commands.add_parser(
+        "exec",
+        help="run a job locally in a container with enforced limits",
+        description="Run COMMAND in IMAGE (name or digest from cx image ls) with the limits "
+        "given, then print the exit reason, metered usage and output digests.",
+    )
+    p.add_argument("image")
+    p.add_argument(
+        "command", nargs=argparse.REMAINDER, help="command and arguments (options go before IMAGE)"
+    )
+    p.add_argument("--cpu", type=_cpu, default=1000, help="cores (1.5) or millicores (500m)")
+    p.add_argument("--memory", type=_bytes, default=256 << 20, help="memory limit, e.g. 512M")
+    p.add_argument("--disk", type=_bytes, default=64 << 20, help="scratch /tmp size")
+    p.add_argument("--max-output", type=_bytes, default=64 << 20, help="output area cap")
+    p.add_argument("--timeout", type=_ms, default=3_600_000, help="wall clock, e.g. 30s")
+    p.add_argument("--network", action="store_true", help="allow the network (host's)")
+    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="FILE:/PATH",
+        help="store FILE and mount it read-only at /PATH",
+    )
+    p.add_argument("--output-path", default="/out", help="the job's output directory")
+    p.add_argument("--output-dir", type=Path, help="copy the outputs here afterwards")
+    p.add_argument("--checkpoint-dir", help="enable checkpoints at this container path")
+    p.add_argument("--resume", help="checkpoint digest to resume from")
+    p.add_argument("--runtime", choices=["crun", "runc"], help="override the runtime choice")
+    p.add_argument("--pids", type=int, default=512, help="pids limit")
+    p.add_argument("--json", action="store_true", help="print the result as JSON")
+    add_home_option(p)
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        print("cx exec: give a command after the image, e.g. cx exec busybox -- echo hi",
+              file=sys.stderr)  # fmt: skip
+        return EXIT_INPUT
+    try:
+        return trio.run(_exec, args, tuple(command))
+    except (ImageError, CapacityExceeded, ValueError, OSError) as exc:
+        print(f"cx exec: {exc}", file=sys.stderr)
+        return EXIT_INPUT
+
+
+async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
+    resources = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
+    executor = Executor(
+        ExecutorConfig(
+            store_root=args.home / "store",
+            work_root=args.home / "work",
+            capacity=resources,
+            pids_limit=args.pids,
+            runtime=args.runtime,
+        )
+    )
+    image = resolve_image(executor.store, args.image)
+    inputs = []
+    for item in args.input:
+        src, sep, dest = item.rpartition(":")
+        if not sep or not dest.startswith("/"):
+            raise ValueError(f"--input {item!r}: use FILE:/container/path")
+        digest = executor.store.put_file(src)
+        inputs.append(DataRef(digest=digest, path=dest, size=executor.store.size(digest)))
+    env = dict(e.split("=", 1) for e in args.env if "=" in e)
+    spec = JobSpec(
+        image=image,
+        command=command,
+        env=env,
+        inputs=tuple(inputs),
+        output_path=args.output_path,
+        max_output_bytes=args.max_output,
+        wall_ms=args.timeout,
+        network=args.network,
+    )
+    checkpoint = None
+    if args.checkpoint_dir or args.resume:
+        checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)
+    t0 = time.monotonic()
+
+    def progress(step: str) -> None:
+        print(f"[{time.monotonic() - t0:7.3f}s] {step}", file=sys.stderr)
+
+    progress(f"cgroup {executor.mode.value}, runtime {executor.runtime.describe()}")
+    result = await executor.run_job(spec, resources, checkpoint=checkpoint, progress=progress)
+    progress(f"done: {result.exit_reason.value}")
+    if args.output_dir is not None:
+        _export(executor, result, args.output_path, args.output_dir)
+    print(json.dumps(_as_json(result)) if args.json else _table(executor, result))
+    if result.exit_reason is ExitReason.PROVIDER_FAULT:
+        return EXIT_FAULT
+    return 0 if result.exit_reason is ExitReason.SUCCESS else max(1, result.exit_code & 0xFF)
+
+
+def _export(executor: Executor, result: JobResult, output_path: str, dest: Path) -> None:
+    for ref in result.outputs:
+        rel = os.path.relpath(ref.path, output_path)
+        target = dest / rel
+        target.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copyfile(executor.store.path(ref.digest), target)
+
+
+def _as_json(r: JobResult) -> dict[str, Any]:
+    u = r.usage
+    return {
+        "job_id": r.job_id,
+        "exit_reason": r.exit_reason.value,
+        "exit_code": r.exit_code,
+        "usage": {
+            "wall_ms": u.wall_ms,
+            "cpu_us": u.cpu_us,
+            "memory_peak_bytes": u.memory_peak_bytes,
+            "io_read_bytes": u.io_read_bytes,
+            "io_write_bytes": u.io_write_bytes,
+            "pids_peak": u.pids_peak,
+            "oom_kills": u.oom_kills,
+            "checkpoint_ms": u.checkpoint_ms,
+        },
+        "outputs": [{"path": o.path, "digest": o.digest, "size": o.size} for o in r.outputs],
+        "checkpoint": r.checkpoint,
+        "stdout": r.stdout,
+        "stderr": r.stderr,
+        "detail": r.detail,
+    }
+
+
+def _table(executor: Executor, r: JobResult) -> str:
+    u = r.usage
+    rows = [
+        ("exit reason", r.exit_reason.value),
+        ("exit code", str(r.exit_code)),
+        ("wall", f"{u.wall_ms} ms"),
+        ("cpu", f"{u.cpu_us / 1000:.1f} ms"),
+        ("memory peak", f"{u.memory_peak_bytes / (1 << 20):.1f} MiB"),
+        ("io read/write", f"{u.io_read_bytes} / {u.io_write_bytes} bytes"),
+        ("pids peak", str(u.pids_peak)),
+        ("oom kills", str(u.oom_kills)),
+    ]
+    if r.checkpoint:
+        rows.append(("checkpoint", r.checkpoint))
+    if r.detail:
+        rows.append(("detail", r.detail))
+    rows += [(f"output {o.path}", f"{o.digest} ({o.size} bytes)") for o in r.outputs]
+    lines = [f"{k:<16} {v}" for k, v in rows]
+    for name, digest in (("stdout", r.stdout), ("stderr", r.stderr)):
+        if digest:
+            text = executor.store.read_bytes(digest).decode(errors="replace")
+            tail = text[-2000:]
+            lines.append(f"--- {name} ---\n{tail.rstrip()}")
+    return "\n".join(lines)
