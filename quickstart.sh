@@ -9,7 +9,7 @@ cd "$(dirname "$0")"
 
 # System packages the product and its tests use (OCI runtimes, image tools, TPM simulator).
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config libgmp-dev libtss2-dev git
-              crun runc umoci busybox-static swtpm swtpm-tools tpm2-tools libc6-dev)
+              crun runc umoci busybox-static swtpm swtpm-tools tpm2-tools libc6-dev podman)
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
