@@ -70,21 +70,36 @@ class JobLine:
     why: Explanation | None = None
 
 
+# One settled receipt as a ledger holds it: (agreement id, payer, payee, amount).
+Entry = tuple[str, str, str, int]
+
+
 @dataclass(slots=True)
 class DemoResult:
     jobs: list[JobLine] = field(default_factory=list)
-    balances: dict[str, dict[str, int]] = field(default_factory=dict)  # node -> party -> amount
+    ledgers: dict[str, set[Entry]] = field(default_factory=dict)  # node name -> its entries
     image: str = ""
 
     @property
+    def balances(self) -> dict[str, int]:
+        """Network-wide balances from the union of all ledgers."""
+        totals = dict.fromkeys(self.ledgers, 0)
+        for _, payer, payee, amount in set().union(*self.ledgers.values()):
+            totals[payer] -= amount
+            totals[payee] += amount
+        return totals
+
+    @property
     def ledgers_agree(self) -> bool:
-        views = list(self.balances.values())
-        merged: dict[str, int] = {}
-        for view in views:
-            for party, amount in view.items():
-                if merged.setdefault(party, amount) != amount:
-                    return False
-        return sum(merged.values()) == 0
+        """Every entry is held, identically, by both its payer and its payee."""
+        return (
+            all(
+                entry in self.ledgers[entry[1]] and entry in self.ledgers[entry[2]]
+                for entries in self.ledgers.values()
+                for entry in entries
+            )
+            and sum(self.balances.values()) == 0
+        )
 
 
 @dataclass(slots=True)
@@ -197,6 +212,8 @@ async def run_demo(
     """Run the demo market under ``work`` (a temp dir if None); returns the outcome."""
     owned = work is None
     root = Path(tempfile.mkdtemp(prefix="cx-demo-")) if work is None else work
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)  # containers run under a mapped uid and must traverse it
     try:
         return await _run(root, on_change or (lambda _: None))
     finally:
@@ -254,8 +271,11 @@ async def _run(root: Path, on_change: Callable[[DemoResult], None]) -> DemoResul
             nursery.start_soon(_execute, buyer, provider, agreement, line, result, on_change)
             on_change(result)
 
-    result.balances = {
-        name: {names[party]: amount for party, amount in node.ledger.balances().items()}
+    result.ledgers = {
+        name: {
+            (e.agreement_id.hex(), names[e.payer], names[e.payee], e.amount)
+            for e in node.ledger.entries
+        }
         for name, node in [*buyers.items(), *((p.name, p.trader) for p in providers.values())]
     }
     on_change(result)

@@ -97,6 +97,7 @@ def _run(args: argparse.Namespace) -> int:
                         for j in result.jobs
                     ],
                     "balances": result.balances,
+                    "receipts": {node: len(entries) for node, entries in result.ledgers.items()},
                     "ledgers_agree": result.ledgers_agree,
                 }
             )
@@ -108,10 +109,10 @@ def _run(args: argparse.Namespace) -> int:
         if explained:
             print("\nwhy some bids did not match:")
             print("\n".join(explained))
-        print("\nledger balances (credits; each node's own ledger):")
-        for node, view in result.balances.items():
-            parts = ", ".join(f"{party} {_credits(v)}" for party, v in sorted(view.items()))
-            print(f"  {node:<9} {parts or '(no trades)'}")
-        print(f"\nledgers agree and sum to zero: {'yes' if result.ledgers_agree else 'NO'}")
+        print("\nbalances (credits) and receipts held in each node's own ledger:")
+        for node, balance in result.balances.items():
+            print(f"  {node:<9}{_credits(balance):>12}  {len(result.ledgers[node])} receipts")
+        verdict = "yes" if result.ledgers_agree else "NO"
+        print(f"\nboth parties hold every receipt, balances sum to zero: {verdict}")
     lost = any(j.state not in ("settled", "unmatched") for j in result.jobs)
     return 1 if lost or not result.ledgers_agree else 0
