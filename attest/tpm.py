@@ -21,6 +21,7 @@ import hashlib
 import hmac
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import cast
 
 from cryptography.exceptions import InvalidSignature
 from cryptography.hazmat.primitives import hashes
@@ -33,6 +34,7 @@ from attest.tpm_structs import (
     EccCurve,
     ObjectAttr,
     Public,
+    Signature,
     hash_name,
     hash_size,
     parse_attest,
@@ -63,8 +65,22 @@ _CURVES: dict[EccCurve, tuple[ec.EllipticCurve, int]] = {
     EccCurve.NIST_P256: (ec.SECP256R1(), 32),
     EccCurve.NIST_P384: (ec.SECP384R1(), 48),
 }
+_HASHLIB = {
+    Alg.SHA1: hashlib.sha1,
+    Alg.SHA256: hashlib.sha256,
+    Alg.SHA384: hashlib.sha384,
+    Alg.SHA512: hashlib.sha512,
+}
+_HASH_NAMES = {alg: hash_name(alg) for alg in _HASHES}
+_HASH_SIZES = {alg: hash_size(alg) for alg in _HASHES}
+_NO_VALUES: Mapping[int, bytes] = {}
+_PKCS1 = padding.PKCS1v15()
 _SCHEME_NAMES = {Alg.RSASSA: "rsassa", Alg.RSAPSS: "rsapss", Alg.ECDSA: "ecdsa"}
-_PSS_AUTO = padding.PSS.AUTO  # Part 1 §B.7: verifiers accept any salt size
+# Part 1 §B.7: verifiers accept any PSS salt size.
+_PSS = {alg: padding.PSS(padding.MGF1(h), padding.PSS.AUTO) for alg, h in _HASHES.items()}
+_ECDSA = {alg: ec.ECDSA(h) for alg, h in _HASHES.items()}
+# "sha256:7" for every bank and index, so verifying does not format strings.
+_PCR_KEYS = {(hash_name(a), i): f"{hash_name(a)}:{i}" for a in _HASHES for i in range(32)}
 
 
 @dataclass(frozen=True, slots=True)
@@ -74,12 +90,7 @@ class AttestationKey:
     public: Public
     name: bytes
     key: rsa.RSAPublicKey | ec.EllipticCurvePublicKey
-
-    @property
-    def description(self) -> str:
-        if self.public.curve is not None:
-            return f"ecc-{self.public.curve.name.lower().replace('nist_', '')}"
-        return f"rsa-{self.public.rsa_bits}"
+    description: str  # e.g. "rsa-2048", "ecc-p256"
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -134,7 +145,11 @@ def load_attestation_key(data: bytes) -> AttestationKey:
             key = ec.EllipticCurvePublicKey.from_encoded_point(curve, point)
     except ValueError as exc:
         raise MalformedEvidence(Reason.MALFORMED, f"AK public key is invalid: {exc}") from exc
-    return AttestationKey(public=public, name=public.name, key=key)
+    if public.curve is None:
+        description = f"rsa-{public.rsa_bits}"
+    else:
+        description = "ecc-" + public.curve.name.lower().replace("nist_", "")
+    return AttestationKey(public=public, name=public.name, key=key, description=description)
 
 
 def _check_hash(alg: Alg, allow_sha1: bool, what: str) -> None:
@@ -175,7 +190,7 @@ def verify_quote(
             f"signature is {sig.alg.name}/{sig.hash.name} but the AK only signs "
             f"{public.scheme.name}/{public.scheme_hash.name}",
         )
-    _verify_signature(ak, sig.alg, sig.hash, sig.rsa or (sig.r, sig.s), attest)
+    _verify_signature(ak, sig, attest)
 
     if nonce is not None and not hmac.compare_digest(quote.extra_data, nonce):
         raise InvalidEvidence(
@@ -184,12 +199,12 @@ def verify_quote(
 
     selected: list[bytes] = []
     facts_pcrs: dict[str, bytes] = {}
-    expected_count = 0
     for selection in quote.selections:
-        _check_hash(selection.hash, allow_sha1, "PCR bank")
-        bank = hash_name(selection.hash)
-        values = pcrs.get(bank, {})
-        size = hash_size(selection.hash)
+        bank_alg = selection.hash
+        _check_hash(bank_alg, allow_sha1, "PCR bank")
+        bank = _HASH_NAMES[bank_alg]
+        values = pcrs.get(bank, _NO_VALUES)
+        size = _HASH_SIZES[bank_alg]
         for index in selection.indices:
             value = values.get(index)
             if value is None:
@@ -200,14 +215,13 @@ def verify_quote(
             if len(value) != size:
                 raise MalformedEvidence(Reason.MALFORMED, f"{bank}:{index} is not {size} bytes")
             selected.append(value)
-            facts_pcrs[f"{bank}:{index}"] = value
-        expected_count += len(selection.indices)
-    given = sum(len(v) for v in pcrs.values())
-    if given != expected_count or len(facts_pcrs) != expected_count:
+            facts_pcrs[_PCR_KEYS.get((bank, index)) or f"{bank}:{index}"] = value
+    # Every value given must be covered, once: equal counts plus the lookups above suffice.
+    if len(facts_pcrs) != len(selected) or sum(map(len, pcrs.values())) != len(selected):
         raise InvalidEvidence(
             Reason.PCR_SELECTION_MISMATCH, "PCR values were given that the quote does not cover"
         )
-    digest = hashlib.new(hash_name(sig.hash), b"".join(selected)).digest()
+    digest = _HASHLIB[sig.hash](b"".join(selected)).digest()
     if not hmac.compare_digest(digest, quote.pcr_digest):
         raise InvalidEvidence(
             Reason.PCR_DIGEST_MISMATCH, "the PCR values given are not the ones the TPM quoted"
@@ -216,7 +230,7 @@ def verify_quote(
         ak_name=ak.name,
         ak=ak.description,
         signature_scheme=_SCHEME_NAMES[sig.alg],
-        hash=hash_name(sig.hash),
+        hash=_HASH_NAMES[sig.hash],
         pcrs=facts_pcrs,
         nonce=quote.extra_data,
         nonce_checked=nonce is not None,
@@ -228,28 +242,23 @@ def verify_quote(
     )
 
 
-def _verify_signature(
-    ak: AttestationKey, scheme: Alg, hash_alg: Alg, value: bytes | tuple[bytes, bytes], msg: bytes
-) -> None:
-    algorithm = _HASHES[hash_alg]
-    key = ak.key
+def _verify_signature(ak: AttestationKey, sig: Signature, msg: bytes) -> None:
+    # Dispatch on the parsed key type, not isinstance: ABC checks cost as much as the parse.
     try:
-        if isinstance(key, rsa.RSAPublicKey) and isinstance(value, bytes):
-            if scheme == Alg.RSASSA:
-                key.verify(value, msg, padding.PKCS1v15(), algorithm)
-            elif scheme == Alg.RSAPSS:
-                key.verify(value, msg, padding.PSS(padding.MGF1(algorithm), _PSS_AUTO), algorithm)
-            else:
+        if ak.public.curve is None:
+            if sig.alg == Alg.ECDSA:
                 raise InvalidEvidence(
                     Reason.BAD_SIGNATURE, "an RSA AK cannot make ECDSA signatures"
                 )
-        elif isinstance(key, ec.EllipticCurvePublicKey) and isinstance(value, tuple):
-            r, s = (int.from_bytes(v, "big") for v in value)
-            key.verify(encode_dss_signature(r, s), msg, ec.ECDSA(algorithm))
+            pad = _PKCS1 if sig.alg == Alg.RSASSA else _PSS[sig.hash]
+            cast(rsa.RSAPublicKey, ak.key).verify(sig.rsa, msg, pad, _HASHES[sig.hash])
         else:
-            raise InvalidEvidence(
-                Reason.BAD_SIGNATURE, f"a {ak.description} AK cannot make {scheme.name} signatures"
-            )
+            if sig.alg != Alg.ECDSA:
+                raise InvalidEvidence(
+                    Reason.BAD_SIGNATURE, f"an ECC AK cannot make {sig.alg.name} signatures"
+                )
+            der = encode_dss_signature(int.from_bytes(sig.r, "big"), int.from_bytes(sig.s, "big"))
+            cast(ec.EllipticCurvePublicKey, ak.key).verify(der, msg, _ECDSA[sig.hash])
     except InvalidSignature:
         raise InvalidEvidence(
             Reason.BAD_SIGNATURE, "the quote's signature does not verify with this AK"
