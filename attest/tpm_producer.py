@@ -82,7 +82,12 @@ class TpmProducer:
     """One open TPM. Use as a context manager or call :meth:`close`."""
 
     def __init__(
-        self, tcti: str, *, ek_handle: int = EK_HANDLE, ak_handle: int = AK_HANDLE
+        self,
+        tcti: str,
+        *,
+        ek_handle: int = EK_HANDLE,
+        ak_handle: int = AK_HANDLE,
+        ek_type: str = "EK-RSA2048",
     ) -> None:
         """Open the TPM and flush leftover transient objects.
 
@@ -97,6 +102,7 @@ class TpmProducer:
             ) from exc
         self._ek_handle = ek_handle
         self._ak_handle = ak_handle
+        self._ek_type = ek_type  # a low-range template: its policy is PolicySecret(endorsement)
         self._ek: ESYS_TR | None = None
         self._ak: ESYS_TR | None = None
         self.leftovers_flushed = self.flush_transients()
@@ -163,7 +169,7 @@ class TpmProducer:
     @property
     def ek(self) -> ESYS_TR:
         if self._ek is None:
-            _cert, template = create_ek_template("EK-RSA2048", self._nv_read)
+            _cert, template = create_ek_template(self._ek_type, self._nv_read)
             self._ek = self._persistent(self._ek_handle, template)
         return self._ek
 
