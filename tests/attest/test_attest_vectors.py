@@ -25,6 +25,7 @@ SHARED = ROOT / ".." / "shared" / "testvectors" / "sev-snp"
 def _cases(name: str) -> list[tuple[str, dict[str, Any]]]:
     document = json.loads((VECTORS / name).read_text())
     assert document["format"] == "spec/attestation.md#vectors"
+    assert document["kind"] == f"attest/{Path(name).stem}"
     return [pytest.param(case, id=case["name"]) for case in document["cases"]]
 
 

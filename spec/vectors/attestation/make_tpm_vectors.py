@@ -156,6 +156,7 @@ def main() -> None:
         finally:
             tpm.stop()
     document = {
+        "kind": "attest/tpm-quote",
         "format": "spec/attestation.md#vectors",
         "description": "TPM 2.0 quotes from swtpm; verify_quote(load_attestation_key(ak_public), ...)",
         "cases": cases,
