@@ -106,6 +106,11 @@ CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
 )
 
 
+def _budget(bid: Bid) -> int:
+    """A bid's quote at its own price limits: the most it can pay."""
+    return quote(bid.max_prices, bid.resources, bid.job.wall_ms)
+
+
 def _fits(bid: Bid, offer: RestingOffer, reputation: Reputation) -> bool:
     return all(check(bid, offer, reputation) for _, check in CONSTRAINTS)
 
@@ -177,7 +182,7 @@ class OrderBook:
         resting_bid = RestingBid(
             order=order,
             active=active,
-            budget=quote(bid.max_prices, bid.resources, bid.job.wall_ms),
+            budget=_budget(bid),
         )
         self.bids[order.id] = resting_bid
         self._rest(order.id, order.expires_ms, active)
@@ -302,7 +307,7 @@ class OrderBook:
         only = dict(ruled_out)
         matching = 0
         best: int | None = None
-        live = [o for o in self.offers.values() if o.order.expires_ms > now_ms]
+        live = list(self.live_offers(now_ms))
         for offer in live:
             failed = [name for name, check in CONSTRAINTS if not check(bid, offer, reputation)]
             for name in failed:
@@ -320,7 +325,7 @@ class OrderBook:
             ruled_out=ruled_out,
             only_reason=only,
             best_quote=best,
-            budget=quote(bid.max_prices, bid.resources, bid.job.wall_ms),
+            budget=_budget(bid),
         )
 
     def live_offers(self, now_ms: int) -> Iterator[RestingOffer]:

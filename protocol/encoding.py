@@ -48,8 +48,8 @@ def encode(value: Value) -> bytes:
     """Return the canonical encoding of ``value``.
 
     Raises:
-        LocalProtocolError-free: a value outside the model raises ``TypeError`` or
-        ``ValueError``, since that is a bug in the caller, not a peer's misbehaviour.
+        TypeError or ValueError for a value outside the model: a bug in the caller, not a
+        peer's misbehaviour, so not a ProtocolError.
     """
     return msgpack.packb(_canonical(value), use_bin_type=True)  # type: ignore[no-any-return]
 

@@ -18,19 +18,20 @@ from protocol.encoding import decode, encode
 from protocol.envelope import Signed, open_signed
 from protocol.errors import InvalidMessage, Reason
 from protocol.identity import PrivateKey, PublicKey
-from protocol.messages import UsageReceipt
+from protocol.messages import ExitReason, Usage, UsageReceipt
 from protocol.negotiation import Agreement
 from protocol.schema import bytes_fields
 from protocol.settlement import LedgerEntry, charge
 
-__all__ = ["COUNTERSIGN_DOMAIN", "CountersignedReceipt", "check_receipt", "receipt_cost"]
+__all__ = ["COUNTERSIGN_DOMAIN", "CountersignedReceipt", "agreed_charge", "check_receipt"]
 
 COUNTERSIGN_DOMAIN = b"cx/receipt-countersign/v1"
 
 
-def receipt_cost(agreement: Agreement, receipt: UsageReceipt) -> int:
+def agreed_charge(agreement: Agreement, usage: Usage, exit_reason: ExitReason) -> int:
+    """The one cost a receipt under ``agreement`` may state."""
     terms = agreement.terms
-    return charge(terms.prices, terms.resources, terms.max_cost, receipt.usage, receipt.exit_reason)
+    return charge(terms.prices, terms.resources, terms.max_cost, usage, exit_reason)
 
 
 def check_receipt(receipt: Signed[UsageReceipt], agreement: Agreement) -> None:
@@ -43,7 +44,7 @@ def check_receipt(receipt: Signed[UsageReceipt], agreement: Agreement) -> None:
         raise InvalidMessage(Reason.WRONG_PARTY, "receipt not signed by the agreement's provider")
     if receipt.payload.agreement_id != agreement.id:
         raise InvalidMessage(Reason.TERMS_MISMATCH, "receipt is for another agreement")
-    expected = receipt_cost(agreement, receipt.payload)
+    expected = agreed_charge(agreement, receipt.payload.usage, receipt.payload.exit_reason)
     if receipt.payload.cost != expected:
         raise InvalidMessage(
             Reason.TERMS_MISMATCH, f"receipt charges {receipt.payload.cost}, terms say {expected}"

@@ -53,8 +53,8 @@ from protocol.negotiation import (
     terms_bytes,
     terms_from_match,
 )
-from protocol.receipts import CountersignedReceipt
-from protocol.settlement import Ledger, LedgerEntry, charge
+from protocol.receipts import CountersignedReceipt, agreed_charge
+from protocol.settlement import Ledger, LedgerEntry
 
 __all__ = ["BuyerDeal", "ProviderDeal", "Trader"]
 
@@ -333,7 +333,6 @@ class Trader:
         job = self.jobs[agreement_id]
         if job.state not in (END_STATE[exit_reason], JobState.RECEIPTED):
             job.fire(END_STATE[exit_reason])
-        terms = agreement.terms
         receipt = UsageReceipt(
             agreement_id=agreement_id,
             usage=usage,
@@ -341,7 +340,7 @@ class Trader:
             exit_code=SignedInt(exit_code),
             outputs=outputs,
             checkpoint=checkpoint,
-            cost=charge(terms.prices, terms.resources, terms.max_cost, usage, exit_reason),
+            cost=agreed_charge(agreement, usage, exit_reason),
         )
         job.fire(JobState.RECEIPTED)
         return self._seal(receipt, nonce, now_ms, self.policy.max_lifetime_ms["usage-receipt"])
