@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from protocol.schema import SignedInt
 
 __all__ = [
+    "LOG_PATHS",
     "Accept",
     "Arch",
     "Bid",
@@ -328,16 +329,27 @@ class Usage:
     checkpoint_ms: int = 0  # wall time at the last checkpoint; 0 when none was taken
 
 
+LOG_PATHS = ("/dev/stdout", "/dev/stderr")
+
+
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UsageReceipt:
+    """The provider's signed account of a job. ``logs`` names the job's stdout and stderr
+    blobs (DataRef paths ``/dev/stdout``, ``/dev/stderr``; an empty log is left out), so the
+    buyer can fetch them by digest; the signature binds them like the outputs."""
+
     agreement_id: bytes
     usage: Usage
     exit_reason: ExitReason
     exit_code: SignedInt
     outputs: tuple[DataRef, ...] = ()
+    logs: tuple[DataRef, ...] = ()
     checkpoint: str | None = None
     cost: int
 
     def __post_init__(self) -> None:
         if self.checkpoint is not None:
             check_digest(self.checkpoint, "checkpoint digest")
+        paths = [log.path for log in self.logs]
+        if len(set(paths)) != len(paths) or not set(paths) <= set(LOG_PATHS):
+            raise ValueError(f"log paths must be distinct and among {', '.join(LOG_PATHS)}")

@@ -324,11 +324,16 @@ class Trader:
         exit_reason: ExitReason,
         exit_code: int,
         outputs: tuple[DataRef, ...] = (),
+        logs: tuple[DataRef, ...] = (),
         checkpoint: str | None = None,
         nonce: bytes,
         now_ms: int,
     ) -> Signed[UsageReceipt]:
-        """Provider: sign the usage receipt; its cost follows from the terms."""
+        """Provider: sign the usage receipt; its cost follows from the terms.
+
+        ``logs`` are the job's stdout and stderr blobs (paths ``/dev/stdout``,
+        ``/dev/stderr``), so the buyer can fetch them; raises ValueError for other paths.
+        """
         agreement = self.agreements[agreement_id]
         job = self.jobs[agreement_id]
         if job.state not in (END_STATE[exit_reason], JobState.RECEIPTED):
@@ -339,6 +344,7 @@ class Trader:
             exit_reason=exit_reason,
             exit_code=SignedInt(exit_code),
             outputs=outputs,
+            logs=logs,
             checkpoint=checkpoint,
             cost=agreed_charge(agreement, usage, exit_reason),
         )

@@ -15,7 +15,7 @@ from tagged import from_json
 
 from protocol.book import OrderBook
 from protocol.encoding import decode, encode
-from protocol.envelope import open_signed, seal
+from protocol.envelope import MESSAGE_TYPES, open_signed, seal
 from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PrivateKey
 from protocol.messages import Bid, ExitReason, Offer, Prices, Resources, Usage
@@ -60,7 +60,7 @@ def check_messages(case):
     if not case["valid"]:
         assert _reason(open_signed, wire) == case["error"]
         return
-    cls = {"offer": Offer, "bid": Bid}[case["type"]]
+    cls = MESSAGE_TYPES[case["type"]]
     payload = from_value(cls, from_json(case["data"]))
     key = PrivateKey.from_seed(bytes.fromhex(case["seed"]))
     sealed = seal(

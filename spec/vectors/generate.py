@@ -29,6 +29,7 @@ from protocol.messages import (
     Arch,
     Bid,
     Constraints,
+    DataRef,
     ExitReason,
     JobSpec,
     Offer,
@@ -37,8 +38,9 @@ from protocol.messages import (
     TrustLevel,
     TrustRequirement,
     Usage,
+    UsageReceipt,
 )
-from protocol.schema import to_value
+from protocol.schema import SignedInt, to_value
 from protocol.settlement import charge
 
 GIB = 1 << 30
@@ -146,25 +148,81 @@ def sample_bid() -> Bid:
     )
 
 
+def sample_receipt() -> UsageReceipt:
+    def ref(byte: str, path: str, size: int) -> DataRef:
+        return DataRef(digest="sha256:" + byte * 32, path=path, size=size)
+
+    return UsageReceipt(
+        agreement_id=hashlib.sha256(b"agreement").digest(),
+        usage=Usage(wall_ms=HOUR // 2, cpu_us=1_800_000_000, memory_peak_bytes=1 << 20),
+        exit_reason=ExitReason.SUCCESS,
+        exit_code=SignedInt(0),
+        outputs=(ref("cd", "/out/greeting", 6),),
+        logs=(ref("ef", "/dev/stdout", 12), ref("0f", "/dev/stderr", 3)),
+        cost=30_000,
+    )
+
+
+def valid_message(key: PrivateKey, name: str, payload: object) -> dict[str, object]:
+    msg = seal(key, payload, nonce=bytes(range(16)), issued_ms=T0, expires_ms=T0 + HOUR)
+    return {
+        "name": f"valid {name}",
+        "valid": True,
+        "seed": key.seed.hex(),
+        "type": msg.type,
+        "nonce": bytes(range(16)).hex(),
+        "iat": T0,
+        "exp": T0 + HOUR,
+        "data": to_json(to_value(payload)),
+        "wire": msg.wire.hex(),
+        "id": msg.id.hex(),
+    }
+
+
+def resigned(key: PrivateKey, type_name: str, data: object) -> bytes:
+    """A body of ``type_name`` with arbitrary ``data``, correctly signed."""
+    body = {
+        "type": type_name,
+        "from": key.public_key.raw,
+        "nonce": bytes(16),
+        "iat": T0,
+        "exp": T0 + HOUR,
+        "data": data,
+    }
+    raw = encode(body)  # type: ignore[arg-type]
+    return key.sign(f"cx/{type_name}/v1".encode(), raw) + raw
+
+
+def revised_messages(key: PrivateKey) -> list[dict[str, object]]:
+    """Cases added by revisions of messages.md (appended, so earlier cases stay as they were)."""
+    receipt = to_value(sample_receipt())
+    cases = [valid_message(key, "usage-receipt with logs", sample_receipt())]
+    invalid = [
+        (
+            "receipt log at a path other than /dev/stdout or /dev/stderr",
+            resigned(
+                key,
+                "usage-receipt",
+                {
+                    **receipt,
+                    "logs": [{"digest": "sha256:" + "ef" * 32, "path": "/out/log", "size": 1}],
+                },
+            ),
+        ),
+    ]
+    cases += [
+        {"name": n, "valid": False, "wire": w.hex(), "error": reason_of(w, open_signed)}
+        for n, w in invalid
+    ]
+    return cases
+
+
 def messages() -> None:
     key = PrivateKey.from_seed(seed("alice"))
-    cases: list[dict[str, object]] = []
-    for name, payload in (("offer", sample_offer()), ("bid", sample_bid())):
-        msg = seal(key, payload, nonce=bytes(range(16)), issued_ms=T0, expires_ms=T0 + HOUR)
-        cases.append(
-            {
-                "name": f"valid {name}",
-                "valid": True,
-                "seed": key.seed.hex(),
-                "type": name,
-                "nonce": bytes(range(16)).hex(),
-                "iat": T0,
-                "exp": T0 + HOUR,
-                "data": to_json(to_value(payload)),
-                "wire": msg.wire.hex(),
-                "id": msg.id.hex(),
-            }
-        )
+    cases: list[dict[str, object]] = [
+        valid_message(key, name, payload)
+        for name, payload in (("offer", sample_offer()), ("bid", sample_bid()))
+    ]
     good = seal(key, sample_offer(), nonce=bytes(16), issued_ms=T0, expires_ms=T0 + HOUR)
 
     def resign(body: dict[str, object], type_name: str = "offer") -> bytes:
@@ -218,6 +276,7 @@ def messages() -> None:
         {"name": n, "valid": False, "wire": w.hex(), "error": reason_of(w, open_signed)}
         for n, w in invalid
     ]
+    cases += revised_messages(key)
     write("messages", "messages", "spec/messages.md#test-vectors", cases)
 
 

@@ -61,18 +61,22 @@ def test_offer_bid_match_agreement_receipt_settled(pair):
 
     usage = Usage(wall_ms=1_800_000, cpu_us=900_000_000, memory_peak_bytes=1 << 20)
     output = DataRef(digest="sha256:" + "cd" * 32, path="/out/greeting", size=6)
+    stdout = DataRef(digest="sha256:" + "ef" * 32, path="/dev/stdout", size=12)
     receipt = provider.issue_receipt(
         agreement.id,
         usage=usage,
         exit_reason=ExitReason.SUCCESS,
         exit_code=0,
         outputs=(output,),
+        logs=(stdout,),
         nonce=nonce(),
         now_ms=T0 + 20,
     )
     # 0.25 core-hour of CPU at 100_000 + 1 GiB for half an hour at 10_000
     assert receipt.payload.cost == 25_000 + 5_000
     countersigned = buyer.receive_receipt(receipt.wire, now_ms=T0 + 21)
+    # the buyer learns where its logs are from the receipt it countersigned
+    assert countersigned.receipt.payload.logs == (stdout,)
     entry = provider.receive_countersigned(countersigned.to_wire())
 
     assert entry.amount == 30_000
@@ -174,3 +178,24 @@ def test_provider_fault_costs_nothing():
     assert charge(prices, reserved, 10**9, usage, ExitReason.NONZERO_EXIT) == 110_000
     assert charge(prices, reserved, 10**9, usage, ExitReason.PREEMPTED) == 55_000
     assert charge(prices, reserved, 1_000, usage, ExitReason.SUCCESS) == 1_000
+
+
+@pytest.mark.parametrize(
+    "paths",
+    [("/out/log",), ("/dev/stdout", "/dev/stdout"), ("/dev/stderr", "/dev/tty")],
+)
+def test_receipt_logs_are_stdout_and_stderr_at_most_once(pair, paths):
+    buyer, provider, nonce = pair
+    agreement = _trade_until_agreed(buyer, provider, nonce)
+    _run(buyer, provider, agreement, nonce)
+    logs = tuple(DataRef(digest="sha256:" + "ef" * 32, path=p, size=1) for p in paths)
+    with pytest.raises(ValueError, match="log paths"):
+        provider.issue_receipt(
+            agreement.id,
+            usage=Usage(wall_ms=1000, cpu_us=1000),
+            exit_reason=ExitReason.SUCCESS,
+            exit_code=0,
+            logs=logs,
+            nonce=nonce(),
+            now_ms=T0 + 9,
+        )
