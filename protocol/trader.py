@@ -21,7 +21,7 @@ from protocol.book import Match, OrderBook
 from protocol.envelope import MessageId, Signed, open_signed, seal
 from protocol.errors import InvalidMessage, LocalProtocolError, Reason
 from protocol.identity import PrivateKey, PublicKey
-from protocol.job import END_STATE, job_machine
+from protocol.job import END_STATE, JOB_TABLE, job_machine
 from protocol.machine import Machine
 from protocol.messages import (
     Accept,
@@ -349,6 +349,8 @@ class Trader:
             cost=agreed_charge(agreement, usage, exit_reason),
         )
         job.fire(JobState.RECEIPTED)
+        # The container is gone: its capacity is free for the next buyer now, not at settlement.
+        self.book.give_back(MessageId(agreement.terms.offer_id), agreement.terms.resources)
         return self._seal(receipt, nonce, now_ms, self.policy.max_lifetime_ms["usage-receipt"])
 
     def receive_receipt(self, wire: bytes, *, now_ms: int) -> CountersignedReceipt:
@@ -368,15 +370,38 @@ class Trader:
         """Provider: the buyer's countersignature arrived; settle."""
         countersigned = CountersignedReceipt.from_wire(wire, self.agreements)
         agreement = self.agreements[countersigned.receipt.payload.agreement_id]
-        terms = agreement.terms
-        self.book.give_back(MessageId(terms.offer_id), terms.resources)
         return self._settle(agreement, countersigned)
 
     def _settle(self, agreement: Agreement, receipt: CountersignedReceipt) -> LedgerEntry:
         entry = receipt.ledger_entry(agreement)
         self.ledger.record(entry)
         self.jobs[agreement.id].fire(JobState.SETTLED)
+        self._forget_deal(agreement)
         return entry
+
+    def abandon(self, agreement_id: bytes) -> None:
+        """Buyer: the provider vanished mid-job (missed heartbeats); the job ended by its
+        fault. A provider-fault receipt may still follow; any other receipt is refused."""
+        self.jobs[agreement_id].fire(JobState.PROVIDER_FAULT)
+        self._forget_deal(self.agreements[agreement_id])
+
+    def _forget_deal(self, agreement: Agreement) -> None:
+        """The buyer's match for this agreement is over: its book view gets the capacity back."""
+        for proposal_id, deal in list(self.buying.items()):
+            if deal.proposal.payload.terms == agreement.terms:
+                self.book.release(deal.match, rest_bid=False)
+                del self.buying[proposal_id]
+
+    # -- restart -----------------------------------------------------------------------
+
+    def resume(self, agreement: Agreement, state: JobState) -> None:
+        """Take an agreement back from the node's database after a restart."""
+        self.agreements[agreement.id] = agreement
+        self.jobs[agreement.id] = Machine(JOB_TABLE, state, JobState.ERROR)
+
+    def repost(self, order: Signed[Any], *, now_ms: int) -> list[Match]:
+        """Rest one of our own signed orders again after a restart; returns its matches."""
+        return self._add(order, now_ms=now_ms, active=True)
 
     def _agreement_with(self, agreement_id: bytes, provider: PublicKey) -> Agreement:
         agreement = self.agreements.get(agreement_id)

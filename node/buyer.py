@@ -1,0 +1,440 @@
+"""The buyer role of a node: from ``cx run`` to a countersigned receipt.
+
+A job (what the user asked for, one row in ``jobs``) becomes a signed bid. The bid matches
+locally against the node's book, now or when a fitting offer arrives by gossip; the buyer
+proposes to the best provider, and on reject, bad evidence or silence moves to the next.
+After the agreement it follows the job by heartbeat; a provider that stops answering is
+declared at fault (it is paid nothing) and the job is bid again, from its last checkpoint if
+a receipt carried one. A preempted job is bid again the same way. Statuses and the receipt
+arrive on ``/cx/job/1``; the buyer fetches the outputs and logs the receipt names, checks
+them (each blob against its digest), and only then countersigns and settles.
+
+Every step is written to the database before it is acknowledged, so a restarted buyer
+resumes: standing bids rest again, agreements in flight are followed again.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+from datetime import UTC, datetime
+from typing import Any
+
+import trio
+
+from attest.errors import EvidenceError
+from attest.evidence import TPM_KIND, verify_evidence
+from node import attestor as attestation
+from node import transfer
+from node.db import Database, JobRow
+from node.market import Market, new_nonce, now_ms
+from node.requests import bid_from_request
+from node.transport import FramedStream, NetworkError, PeerId, Stream
+from node.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
+from protocol.book import Match
+from protocol.envelope import MessageId, Signed, open_signed
+from protocol.errors import ProtocolError, Reason
+from protocol.identity import PrivateKey, PublicKey
+from protocol.job import END_STATE, ENDED
+from protocol.messages import (
+    Accept,
+    Bid,
+    Checkpoint,
+    DataRef,
+    ExitReason,
+    JobState,
+    JobStatus,
+    UsageReceipt,
+)
+from protocol.negotiation import Agreement, terms_hash
+from protocol.trader import Trader
+
+__all__ = ["Buyer"]
+
+log = logging.getLogger(__name__)
+
+BID_TTL_MS = 3_600_000
+NEGOTIATION_TIMEOUT_S = 30.0  # covers a TPM quote, or a preemption's grace period
+HEARTBEAT_S = 1.0
+MISSED_HEARTBEATS = 3
+FETCH_TIMEOUT_S = 300.0
+_RETRY = frozenset({ExitReason.PREEMPTED, ExitReason.PROVIDER_FAULT})
+
+
+class Buyer:
+    def __init__(self, market: Market, key: PrivateKey, trust: attestation.AkTrust) -> None:
+        self.market = market
+        self.key = key
+        self.trust = trust
+        self._nursery: trio.Nursery | None = None
+        self._bid_jobs: dict[bytes, str] = {}  # bid id -> job id
+        self._negotiating: set[bytes] = set()  # bid ids
+        self._followed: dict[bytes, trio.Event] = {}  # agreement id -> job over
+        self.changed = trio.Event()  # set and replaced whenever a job's state changes
+
+    @property
+    def trader(self) -> Trader:
+        return self.market.trader
+
+    @property
+    def db(self) -> Database:
+        return self.market.db
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:  # noqa: ANN401
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self.market.on_match = self._on_match
+            self.market.net.serve(JOB, self._serve_job)
+            self._restore()
+            task_status.started()
+            await trio.sleep_forever()
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def _event(self, job_id: str, state: str, detail: str = "") -> None:
+        self.db.add_event(job_id, now_ms(), state, detail)
+        log.info("job %s: %s %s", job_id, state, detail)
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def submit(self, job: JobRow, bid: Bid) -> JobRow:
+        """Record ``job`` and bid for it; matching and negotiation continue in the background."""
+        self.db.add_job(job)
+        self._event(job.id, "waiting", "bid posted")
+        await self._bid(job.id, bid)
+        return self._row(job.id)
+
+    def _row(self, job_id: str) -> JobRow:
+        job = self.db.job(job_id)
+        if job is None:
+            raise KeyError(f"no job {job_id}")
+        return job
+
+    async def _bid(self, job_id: str, bid: Bid) -> None:
+        order, matches = self.trader.post(
+            bid, nonce=new_nonce(), now_ms=now_ms(), ttl_ms=BID_TTL_MS
+        )
+        self.db.save_order(order.id, "bid", order.wire, order.expires_ms, job_id)
+        self.db.update_job(job_id, bid_id=order.id)
+        self._bid_jobs[order.id] = job_id
+        for match in matches:
+            self._on_match(match)
+        await self.market.publish(order)
+
+    async def cancel(self, job_id: str) -> bool:
+        """Withdraw a job's bid if it has not been agreed yet; False if it is too late."""
+        job = self.db.job(job_id)
+        if job is None or job.bid_id is None or job.state not in ("waiting", "negotiating"):
+            return False
+        if job.bid_id in self._negotiating:
+            return False
+        cancel = self.trader.cancel(MessageId(job.bid_id), nonce=new_nonce(), now_ms=now_ms())
+        self.db.drop_order(job.bid_id)
+        self._event(job_id, "cancelled", "bid withdrawn")
+        await self.market.publish(cancel, topic="cx/bids/1")
+        return True
+
+    # -- negotiation -------------------------------------------------------------------
+
+    def _on_match(self, match: Match) -> None:
+        bid_id = match.bid.id
+        if bid_id in self._negotiating or self._nursery is None:
+            return
+        self._negotiating.add(bid_id)
+        self._nursery.start_soon(self._negotiate, match)
+
+    async def _negotiate(self, match: Match | None) -> None:
+        assert match is not None
+        bid_id = match.bid.id
+        job_id = self._bid_jobs.get(bid_id)
+        try:
+            while match is not None and job_id is not None:
+                if await self._try(job_id, match) is not None:
+                    return
+                match = next(iter(self.trader.next_match(bid_id, now_ms=now_ms())), None)
+            if job_id is not None:
+                self._event(job_id, "waiting", "no provider agreed yet; the bid waits for offers")
+        finally:
+            self._negotiating.discard(bid_id)
+
+    async def _try(self, job_id: str, match: Match) -> Agreement | None:
+        """Propose ``match``; the agreement, or None if this provider would not or could not."""
+        provider = PublicKey(match.provider)
+        who = provider.peer_id
+        self._event(job_id, "negotiating", f"proposing to {who}")
+        proposal = self.trader.propose(
+            match, nonce=new_nonce(), attestation_nonce=new_nonce(32), now_ms=now_ms()
+        )
+        terms = proposal.payload.terms
+        accepted = False
+        try:
+            with trio.fail_after(NEGOTIATION_TIMEOUT_S):
+                stream = FramedStream(await self.market.net.open_stream(who, NEGOTIATE))
+                try:
+                    await stream.send_frame(proposal.wire)
+                    answer = await stream.receive_frame()
+                    if answer is None:
+                        read_control(answer)  # raises: closed without answering
+                        return None
+                    reply = self.trader.receive_reply(answer, now_ms=now_ms())
+                    if not isinstance(reply.payload, Accept):
+                        why = f"{reply.payload.reason} {reply.payload.detail}".strip()
+                        self._event(job_id, "negotiating", f"{who} rejected: {why}")
+                        return None
+                    accepted = True
+                    await self._check_evidence(provider, terms, reply.payload.evidence)
+                    agreement: Agreement = self.trader.agree(proposal.id)
+                    self._agreed(job_id, match, agreement)  # durable before the provider runs
+                    try:
+                        await stream.send_frame(agreement.to_wire())
+                        read_control(await stream.receive_frame())
+                    except (NetworkError, PeerRefused) as exc:
+                        log.warning("agreement %s unacknowledged (%s)", agreement.id.hex(), exc)
+                    return agreement
+                finally:
+                    await stream.aclose()
+        except (EvidenceError, attestation.EnrolmentError) as exc:
+            self.trader.evidence_failed(proposal.id)
+            self._event(job_id, "negotiating", f"{who}: evidence refused: {exc}")
+        except (NetworkError, trio.TooSlowError, ProtocolError, PeerRefused) as exc:
+            self._event(job_id, "negotiating", f"{who} did not agree: {exc or 'no answer'}")
+            if accepted:
+                self.trader.evidence_failed(proposal.id)
+            else:
+                self.trader.negotiation_timed_out(proposal.id)
+        return None
+
+    async def _check_evidence(self, provider: PublicKey, terms: Any, evidence: Any) -> None:  # noqa: ANN401
+        """Verify the accept's evidence against the bid's trust requirement.
+
+        A TPM quote counts only from an AK that passed credential activation with this
+        buyer: the first time, the buyer enrols the provider's TPM.
+        """
+        if (
+            evidence is not None
+            and evidence.kind == TPM_KIND
+            and not self.trust.trusted(provider.raw)
+        ):
+            await attestation.enrol(
+                self.market.net, provider.peer_id, provider, self.trust, self.key, now_ms()
+            )
+        verify_evidence(
+            evidence,
+            terms.trust,
+            provider_key=provider.raw,
+            nonce=terms.attestation_nonce,
+            terms_hash=terms_hash(terms),
+            at=datetime.now(UTC),
+            trusted_aks=self.trust.trusted(provider.raw),
+        )
+
+    def _agreed(self, job_id: str, match: Match, agreement: Agreement) -> None:
+        terms = agreement.terms
+        job = self._row(job_id)
+        with self.db.atomic():
+            self.db.save_agreement(
+                agreement.id,
+                role="buyer",
+                wire=agreement.to_wire(),
+                state=JobState.AGREED.value,
+                peer=PublicKey(terms.provider).peer_id,
+                job_id=job_id,
+                created_ms=now_ms(),
+            )
+            self.db.update_job(
+                job_id,
+                agreement_id=agreement.id,
+                provider=PublicKey(terms.provider).peer_id,
+                attempts=job.attempts + 1,
+                max_cost=terms.max_cost,
+                prices=dataclasses.asdict(terms.prices),
+            )
+            self.db.drop_order(match.bid.id)
+            self._event(
+                job_id,
+                "agreed",
+                f"with {PublicKey(terms.provider).peer_id}, max cost {terms.max_cost}",
+            )
+        self.market.record_trade(match.offer.payload, now_ms())
+        self._follow(agreement)
+
+    # -- following the job -------------------------------------------------------------
+
+    def _follow(self, agreement: Agreement) -> None:
+        over = self._followed.setdefault(agreement.id, trio.Event())
+        assert self._nursery is not None
+        self._nursery.start_soon(self._heartbeat, agreement, over)
+
+    async def _heartbeat(self, agreement: Agreement, over: trio.Event) -> None:
+        """Ask the provider about the job until it ends; silence means provider fault."""
+        peer = PublicKey(agreement.terms.provider).peer_id
+        missed = 0
+        while not over.is_set():
+            with trio.move_on_after(HEARTBEAT_S):
+                await over.wait()
+            if over.is_set():
+                return
+            try:
+                with trio.fail_after(HEARTBEAT_S * 2):
+                    ping = control(agreement=agreement.id)
+                    answer = read_control(await request(self.market.net, peer, PING, ping))
+                missed = 0 if answer.get("state") is not None else MISSED_HEARTBEATS
+            except (NetworkError, trio.TooSlowError, PeerRefused):
+                missed += 1
+            if missed >= MISSED_HEARTBEATS and not over.is_set():
+                await self._provider_lost(agreement, f"{peer} stopped answering heartbeats")
+                return
+
+    async def _provider_lost(self, agreement: Agreement, why: str) -> None:
+        self.trader.abandon(agreement.id)
+        self.trader.reputation[agreement.terms.provider] = -1  # not again, with this buyer
+        self.db.set_agreement_state(agreement.id, JobState.PROVIDER_FAULT.value)
+        self._followed[agreement.id].set()
+        row = self.db.agreement(agreement.id)
+        if row is not None and row.job_id is not None:
+            self._event(row.job_id, "provider-fault", why)
+            await self._bid_again(row.job_id, checkpoint=None)
+
+    async def _bid_again(self, job_id: str, checkpoint: str | None) -> None:
+        """Bid for the job again after a fault or preemption, resuming from ``checkpoint``."""
+        job = self._row(job_id)
+        bid = bid_from_request(job.request)
+        if checkpoint is not None:
+            bid = dataclasses.replace(
+                bid,
+                checkpoint=dataclasses.replace(
+                    bid.checkpoint or Checkpoint(), resume_from=checkpoint
+                ),
+            )
+        self._event(
+            job_id,
+            "waiting",
+            "bidding again" + (f" from checkpoint {checkpoint[:19]}" if checkpoint else ""),
+        )
+        await self._bid(job_id, bid)
+
+    # -- statuses and receipts from providers -----------------------------------------
+
+    async def _serve_job(self, raw: Stream) -> None:
+        stream = FramedStream(raw)
+        frame = await stream.receive_frame()
+        if frame is None:
+            return
+        try:
+            message: Signed[Any] = open_signed(frame)
+            if isinstance(message.payload, JobStatus):
+                self._status(frame)
+                answer = control(ok=True)
+            elif isinstance(message.payload, UsageReceipt):
+                answer = await self._receipt(frame, message, raw.remote_peer)
+            else:
+                answer = control(error=Reason.WRONG_TYPE.value, detail=message.type)
+        except ProtocolError as exc:
+            log.warning("refused %s from %s: %s", "job message", raw.remote_peer, exc)
+            answer = control(error=exc.reason.value, detail=str(exc))
+        except transfer.TransferError as exc:
+            answer = control(error="outputs-unavailable", detail=str(exc))
+        await stream.send_frame(answer)
+
+    def _status(self, wire: bytes) -> None:
+        try:
+            status = self.trader.receive_status(wire, now_ms=now_ms())
+        except ProtocolError as exc:
+            if exc.reason is Reason.REPLAYED:
+                return  # a retry of one we took: its acknowledgement was lost
+            raise
+        agreement_id = status.payload.agreement_id
+        self.db.set_agreement_state(agreement_id, status.payload.state.value)
+        row = self.db.agreement(agreement_id)
+        if row is not None and row.job_id is not None:
+            self._event(row.job_id, status.payload.state.value, status.payload.detail)
+
+    async def _receipt(self, wire: bytes, message: Signed[Any], peer: PeerId) -> bytes:
+        """Fetch and check what the receipt names, then countersign and settle it."""
+        receipt: UsageReceipt = message.payload
+        stored = self.db.receipt(receipt.agreement_id)
+        if stored is not None and stored[1] is not None:
+            return bytes(stored[1])  # settled already; the provider missed our answer
+        with trio.fail_after(FETCH_TIMEOUT_S):
+            for ref in (*receipt.outputs, *receipt.logs):
+                await transfer.fetch_blob(self.market.net, self.market.store, ref.digest, [peer])
+            if receipt.checkpoint is not None:
+                await transfer.fetch_blob(
+                    self.market.net, self.market.store, receipt.checkpoint, [peer]
+                )
+        countersigned = self.trader.receive_receipt(wire, now_ms=now_ms())
+        agreement = self.trader.agreements[receipt.agreement_id]
+        entry = countersigned.ledger_entry(agreement)
+        row = self.db.agreement(receipt.agreement_id)
+        job_id = row.job_id if row is not None else None
+        with self.db.atomic():
+            self.db.settle(entry, wire, countersigned.to_wire(), now_ms())
+            self.db.set_agreement_state(agreement.id, JobState.SETTLED.value)
+            if job_id is not None:
+                self._record_outcome(job_id, receipt)
+        if agreement.id in self._followed:
+            self._followed[agreement.id].set()
+        if (
+            job_id is not None
+            and receipt.exit_reason in _RETRY
+            and self._current(job_id, agreement.id)
+        ):
+            await self._bid_again(job_id, receipt.checkpoint)
+        return countersigned.to_wire()
+
+    def _current(self, job_id: str, agreement_id: bytes) -> bool:
+        """Is this agreement still the job's live attempt (not one abandoned before)?"""
+        job = self.db.job(job_id)
+        return (
+            job is not None and job.agreement_id == agreement_id and job.state != "provider-fault"
+        )
+
+    def _record_outcome(self, job_id: str, receipt: UsageReceipt) -> None:
+        job = self._row(job_id)
+        if not self._current(job_id, receipt.agreement_id):
+            self._event(job_id, job.state, f"late receipt settled: paid {receipt.cost}")
+            return
+        self.db.update_job(
+            job_id,
+            cost=(job.cost or 0) + receipt.cost,
+            exit_reason=receipt.exit_reason.value,
+            exit_code=int(receipt.exit_code),
+            outputs=_refs(receipt.outputs),
+            logs=_refs(receipt.logs),
+            checkpoint=receipt.checkpoint,
+        )
+        self._event(job_id, "settled", f"receipt countersigned: paid {receipt.cost}")
+        state = END_STATE[receipt.exit_reason].value
+        self._event(job_id, state, f"exit {int(receipt.exit_code)} ({receipt.exit_reason.value})")
+
+    # -- restart -----------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Rest our bids again and follow the agreements still in flight."""
+        now = now_ms()
+        for order_id, kind, wire, expires_ms, job_id in self.db.orders():
+            if kind != "bid" or job_id is None:
+                continue
+            if expires_ms <= now:
+                self.db.drop_order(order_id)
+                continue
+            self._bid_jobs[order_id] = job_id
+            for match in self.trader.repost(open_signed(wire), now_ms=now):
+                self._on_match(match)
+        for row in self.db.agreements():
+            if row.role != "buyer":
+                continue
+            state = JobState(row.state)
+            if state in (JobState.SETTLED, JobState.ERROR):
+                continue
+            agreement = Agreement.from_wire(row.wire)
+            self.trader.resume(agreement, state)
+            if state not in ENDED and state is not JobState.RECEIPTED:
+                self._follow(agreement)
+        for job in self.db.jobs():
+            if job.state == "negotiating":
+                self._event(job.id, "waiting", "node restarted; the bid waits for offers")
+
+
+def _refs(items: tuple[DataRef, ...]) -> list[dict[str, Any]]:
+    return [{"path": r.path, "digest": r.digest, "size": r.size} for r in items]

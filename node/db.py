@@ -1,0 +1,308 @@
+"""The node's durable state: one SQLite database in WAL mode under the home directory.
+
+Rules:
+- Everything that must survive ``kill -9`` is written here before the node acts on it or
+  acknowledges it to a peer: our own orders, the buyer's jobs and their events, every
+  agreement with its job state, receipts (provider-signed, then countersigned), the ledger
+  and the outbox of messages still to deliver. ``synchronous=FULL``: a commit is on disk.
+- A countersigned receipt and its ledger entry are written in one transaction, so the
+  ledger never holds an entry without its receipt, nor a receipt without its entry.
+- A provider marks an agreement ``started`` before its container starts; after a crash a
+  started agreement with no receipt is known to have been interrupted, never re-run.
+- Calls are short and synchronous (the trio node calls them inline): no statement scans
+  more than one node's own history.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import sqlite3
+from collections.abc import Iterator
+from dataclasses import dataclass, fields
+from pathlib import Path
+from typing import Any
+
+from protocol.settlement import LedgerEntry
+
+__all__ = ["AgreementRow", "Database", "JobRow"]
+
+_SCHEMA = """
+CREATE TABLE IF NOT EXISTS orders (
+    id BLOB PRIMARY KEY, kind TEXT NOT NULL, wire BLOB NOT NULL, expires_ms INTEGER NOT NULL,
+    job_id TEXT
+);
+CREATE TABLE IF NOT EXISTS jobs (
+    id TEXT PRIMARY KEY, name TEXT, request TEXT NOT NULL, state TEXT NOT NULL,
+    detail TEXT NOT NULL DEFAULT '', created_ms INTEGER NOT NULL, updated_ms INTEGER NOT NULL,
+    bid_id BLOB, agreement_id BLOB, provider TEXT, attempts INTEGER NOT NULL DEFAULT 0,
+    max_cost INTEGER, cost INTEGER, exit_reason TEXT, exit_code INTEGER,
+    outputs TEXT NOT NULL DEFAULT '[]', logs TEXT NOT NULL DEFAULT '[]', checkpoint TEXT,
+    prices TEXT
+);
+CREATE TABLE IF NOT EXISTS events (
+    job_id TEXT NOT NULL, seq INTEGER NOT NULL, at_ms INTEGER NOT NULL, state TEXT NOT NULL,
+    detail TEXT NOT NULL, PRIMARY KEY (job_id, seq)
+);
+CREATE TABLE IF NOT EXISTS agreements (
+    id BLOB PRIMARY KEY, role TEXT NOT NULL, wire BLOB NOT NULL, state TEXT NOT NULL,
+    peer TEXT NOT NULL, job_id TEXT, started_ms INTEGER, created_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS receipts (
+    agreement_id BLOB PRIMARY KEY, receipt BLOB NOT NULL, countersigned BLOB
+);
+CREATE TABLE IF NOT EXISTS ledger (
+    agreement_id BLOB PRIMARY KEY, payer BLOB NOT NULL, payee BLOB NOT NULL,
+    amount INTEGER NOT NULL, at_ms INTEGER NOT NULL
+);
+CREATE TABLE IF NOT EXISTS outbox (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, agreement_id BLOB NOT NULL, peer TEXT NOT NULL,
+    wire BLOB NOT NULL
+);
+CREATE TABLE IF NOT EXISTS trusted_aks (
+    provider BLOB NOT NULL, ak_name BLOB NOT NULL, PRIMARY KEY (provider, ak_name)
+);
+"""
+
+
+@dataclass(slots=True, kw_only=True)
+class JobRow:
+    """A buyer's job: what the user asked for and where it stands (one per ``cx run``)."""
+
+    id: str
+    name: str | None
+    request: dict[str, Any]
+    state: str
+    created_ms: int
+    updated_ms: int
+    detail: str = ""
+    bid_id: bytes | None = None
+    agreement_id: bytes | None = None
+    provider: str | None = None
+    attempts: int = 0
+    max_cost: int | None = None
+    cost: int | None = None
+    exit_reason: str | None = None
+    exit_code: int | None = None
+    outputs: list[dict[str, Any]] | None = None
+    logs: list[dict[str, Any]] | None = None
+    checkpoint: str | None = None
+    prices: dict[str, int] | None = None
+
+
+_JSON_FIELDS = frozenset({"request", "outputs", "logs", "prices"})
+
+
+@dataclass(frozen=True, slots=True)
+class AgreementRow:
+    id: bytes
+    role: str  # "buyer" or "provider"
+    wire: bytes
+    state: str
+    peer: str
+    job_id: str | None
+    started_ms: int | None
+    created_ms: int
+
+
+class Database:
+    def __init__(self, path: Path | str) -> None:
+        self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
+        self._conn.execute("PRAGMA journal_mode=WAL")
+        self._conn.execute("PRAGMA synchronous=FULL")
+        self._conn.execute("PRAGMA foreign_keys=ON")
+        self._conn.executescript(_SCHEMA)
+        self._depth = 0
+
+    def close(self) -> None:
+        self._conn.close()
+
+    @contextlib.contextmanager
+    def atomic(self) -> Iterator[None]:
+        """One transaction around the block; nested blocks join the outer one."""
+        if self._depth == 0:
+            self._conn.execute("BEGIN IMMEDIATE")
+        self._depth += 1
+        try:
+            yield
+        except BaseException:
+            self._depth -= 1
+            if self._depth == 0:
+                self._conn.execute("ROLLBACK")
+            raise
+        self._depth -= 1
+        if self._depth == 0:
+            self._conn.execute("COMMIT")
+
+    def _run(self, sql: str, args: tuple[Any, ...] = ()) -> sqlite3.Cursor:
+        with self.atomic():
+            return self._conn.execute(sql, args)
+
+    def _rows(self, sql: str, args: tuple[Any, ...] = ()) -> list[tuple[Any, ...]]:
+        return self._conn.execute(sql, args).fetchall()
+
+    # -- our own orders ------------------------------------------------------------------
+
+    def save_order(
+        self, order_id: bytes, kind: str, wire: bytes, expires_ms: int, job_id: str | None
+    ) -> None:
+        self._run(
+            "INSERT OR REPLACE INTO orders VALUES (?, ?, ?, ?, ?)",
+            (order_id, kind, wire, expires_ms, job_id),
+        )
+
+    def drop_order(self, order_id: bytes) -> None:
+        self._run("DELETE FROM orders WHERE id = ?", (order_id,))
+
+    def orders(self) -> list[tuple[bytes, str, bytes, int, str | None]]:
+        """(id, kind, wire, expires_ms, job_id) of every order we still hold."""
+        return [(r[0], r[1], r[2], r[3], r[4]) for r in self._rows("SELECT * FROM orders")]
+
+    # -- the buyer's jobs ----------------------------------------------------------------
+
+    def add_job(self, job: JobRow) -> None:
+        values = {f.name: getattr(job, f.name) for f in fields(job)}
+        for name in _JSON_FIELDS:
+            values[name] = json.dumps(values[name] if values[name] is not None else [])
+        if job.prices is None:
+            values["prices"] = None
+        cols = ", ".join(values)
+        marks = ", ".join("?" * len(values))
+        self._run(f"INSERT INTO jobs ({cols}) VALUES ({marks})", tuple(values.values()))  # noqa: S608
+
+    def update_job(self, job_id: str, **changes: Any) -> None:  # noqa: ANN401 - column values
+        for name in _JSON_FIELDS & changes.keys():
+            changes[name] = json.dumps(changes[name])
+        assignments = ", ".join(f"{name} = ?" for name in changes)
+        self._run(f"UPDATE jobs SET {assignments} WHERE id = ?", (*changes.values(), job_id))  # noqa: S608
+
+    def job(self, job_id: str) -> JobRow | None:
+        rows = self._job_rows("WHERE id = ?", (job_id,))
+        return rows[0] if rows else None
+
+    def jobs(self) -> list[JobRow]:
+        return self._job_rows("ORDER BY created_ms DESC, id", ())
+
+    def _job_rows(self, where: str, args: tuple[Any, ...]) -> list[JobRow]:
+        cursor = self._conn.execute(f"SELECT * FROM jobs {where}", args)  # noqa: S608
+        names = [d[0] for d in cursor.description]
+        out = []
+        for row in cursor.fetchall():
+            values = dict(zip(names, row, strict=True))
+            for name in _JSON_FIELDS:
+                if values[name] is not None:
+                    values[name] = json.loads(values[name])
+            out.append(JobRow(**values))
+        return out
+
+    def add_event(self, job_id: str, at_ms: int, state: str, detail: str) -> int:
+        with self.atomic():
+            (last,) = self._conn.execute(
+                "SELECT COALESCE(MAX(seq), 0) FROM events WHERE job_id = ?", (job_id,)
+            ).fetchone()
+            self._conn.execute(
+                "INSERT INTO events VALUES (?, ?, ?, ?, ?)",
+                (job_id, last + 1, at_ms, state, detail),
+            )
+            self._conn.execute(
+                "UPDATE jobs SET state = ?, detail = ?, updated_ms = ? WHERE id = ?",
+                (state, detail, at_ms, job_id),
+            )
+        return int(last) + 1
+
+    def events(self, job_id: str, after: int = 0) -> list[dict[str, Any]]:
+        return [
+            {"seq": seq, "at_ms": at, "state": state, "detail": detail}
+            for seq, at, state, detail in self._rows(
+                "SELECT seq, at_ms, state, detail FROM events WHERE job_id = ? AND seq > ? "
+                "ORDER BY seq",
+                (job_id, after),
+            )
+        ]
+
+    # -- agreements ----------------------------------------------------------------------
+
+    def save_agreement(
+        self,
+        agreement_id: bytes,
+        *,
+        role: str,
+        wire: bytes,
+        state: str,
+        peer: str,
+        job_id: str | None,
+        created_ms: int,
+    ) -> None:
+        self._run(
+            "INSERT INTO agreements VALUES (?, ?, ?, ?, ?, ?, NULL, ?)",
+            (agreement_id, role, wire, state, peer, job_id, created_ms),
+        )
+
+    def set_agreement_state(self, agreement_id: bytes, state: str) -> None:
+        self._run("UPDATE agreements SET state = ? WHERE id = ?", (state, agreement_id))
+
+    def mark_started(self, agreement_id: bytes, at_ms: int) -> None:
+        self._run("UPDATE agreements SET started_ms = ? WHERE id = ?", (at_ms, agreement_id))
+
+    def agreement(self, agreement_id: bytes) -> AgreementRow | None:
+        rows = self._rows("SELECT * FROM agreements WHERE id = ?", (agreement_id,))
+        return AgreementRow(*rows[0]) if rows else None
+
+    def agreements(self) -> list[AgreementRow]:
+        return [AgreementRow(*r) for r in self._rows("SELECT * FROM agreements ORDER BY rowid")]
+
+    # -- receipts and the ledger -----------------------------------------------------------
+
+    def save_receipt(self, agreement_id: bytes, receipt: bytes) -> None:
+        self._run("INSERT OR IGNORE INTO receipts VALUES (?, ?, NULL)", (agreement_id, receipt))
+
+    def settle(self, entry: LedgerEntry, receipt: bytes, countersigned: bytes, at_ms: int) -> None:
+        """Record the countersigned receipt and its ledger entry together."""
+        with self.atomic():
+            self._conn.execute(
+                "INSERT INTO receipts VALUES (?, ?, ?) ON CONFLICT(agreement_id) "
+                "DO UPDATE SET countersigned = excluded.countersigned",
+                (entry.agreement_id, receipt, countersigned),
+            )
+            self._conn.execute(
+                "INSERT INTO ledger VALUES (?, ?, ?, ?, ?)",
+                (entry.agreement_id, entry.payer, entry.payee, entry.amount, at_ms),
+            )
+
+    def receipt(self, agreement_id: bytes) -> tuple[bytes, bytes | None] | None:
+        """(provider-signed receipt, countersigned receipt or None)."""
+        rows = self._rows(
+            "SELECT receipt, countersigned FROM receipts WHERE agreement_id = ?", (agreement_id,)
+        )
+        return (rows[0][0], rows[0][1]) if rows else None
+
+    def ledger(self) -> list[tuple[LedgerEntry, int]]:
+        """Every settled entry with its time, oldest first."""
+        return [
+            (LedgerEntry(agreement_id=a, payer=p, payee=q, amount=n), at)
+            for a, p, q, n, at in self._rows("SELECT * FROM ledger ORDER BY at_ms, rowid")
+        ]
+
+    # -- outbox: messages a peer has not acknowledged yet ---------------------------------
+
+    def queue(self, agreement_id: bytes, peer: str, wire: bytes) -> int:
+        cursor = self._run(
+            "INSERT INTO outbox (agreement_id, peer, wire) VALUES (?, ?, ?)",
+            (agreement_id, peer, wire),
+        )
+        return int(cursor.lastrowid or 0)
+
+    def delivered(self, item_id: int) -> None:
+        self._run("DELETE FROM outbox WHERE id = ?", (item_id,))
+
+    def outbox(self) -> list[tuple[int, bytes, str, bytes]]:
+        """(id, agreement id, peer, wire), in the order they were queued."""
+        return [(r[0], r[1], r[2], r[3]) for r in self._rows("SELECT * FROM outbox ORDER BY id")]
+
+    # -- attestation keys this buyer trusts -----------------------------------------------
+
+    def trust_ak(self, provider: bytes, ak_name: bytes) -> None:
+        self._run("INSERT OR IGNORE INTO trusted_aks VALUES (?, ?)", (provider, ak_name))
+
+    def trusted_aks(self) -> list[tuple[bytes, bytes]]:
+        return [(p, n) for p, n in self._rows("SELECT * FROM trusted_aks")]

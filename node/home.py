@@ -1,0 +1,225 @@
+"""A node's home directory: its key, its configuration and where its state lives.
+
+Layout (``cx init`` creates it; everything a node owns is under one directory)::
+
+    key             32-byte Ed25519 seed, mode 0600: the node's identity
+    config.toml     how it joins the network and, for a provider, what it sells
+    node.db         SQLite (WAL): orders, jobs, agreements, receipts, ledger
+    store/          content-addressed blobs (images, inputs, outputs, logs)
+    work/           per-job scratch areas of the executor
+    tpm/            this node's swtpm, when it attests with a software TPM
+    api.json        where the running node's control API listens (written by the node)
+
+Errors: :class:`HomeError` says what is wrong with the directory and how to fix it.
+"""
+
+from __future__ import annotations
+
+import os
+import tomllib
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from protocol.identity import PrivateKey
+from protocol.messages import Arch, Prices, Resources, TrustLevel
+
+__all__ = ["DEFAULT_HOME", "Home", "HomeError", "NodeConfig", "ProviderConfig", "init_home"]
+
+DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+DEFAULT_HOME = Path(os.environ.get("CX_HOME", Path.home() / ".cx"))
+
+
+class HomeError(Exception):
+    """The home directory is missing, incomplete or holds a bad configuration."""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ProviderConfig:
+    """What a provider offers: capacity, unit prices (micro-credits) and its trust."""
+
+    capacity: Resources
+    prices: Prices
+    arch: Arch
+    region: str = ""
+    tpm: bool = False  # attest with a TPM: ``tcti``, or a swtpm under the home when unset
+    tcti: str | None = None
+    offer_ttl_ms: int = 3_600_000
+
+    @property
+    def trust(self) -> tuple[TrustLevel, ...]:
+        return (TrustLevel.NONE, TrustLevel.TPM) if self.tpm else (TrustLevel.NONE,)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class NodeConfig:
+    listen: tuple[str, ...] = DEFAULT_LISTEN
+    bootstrap: tuple[str, ...] = ()
+    dht: bool = False
+    mdns: bool = False
+    api_port: int = 0  # 0: any free port, published in api.json
+    ek_roots: tuple[str, ...] = ()  # PEM files of the TPM EK CAs this node trusts as buyer
+    provider: ProviderConfig | None = None
+
+
+@dataclass(frozen=True, slots=True)
+class Home:
+    root: Path
+
+    @property
+    def key_path(self) -> Path:
+        return self.root / "key"
+
+    @property
+    def config_path(self) -> Path:
+        return self.root / "config.toml"
+
+    @property
+    def db_path(self) -> Path:
+        return self.root / "node.db"
+
+    @property
+    def store_root(self) -> Path:
+        return self.root / "store"
+
+    @property
+    def work_root(self) -> Path:
+        return self.root / "work"
+
+    @property
+    def tpm_dir(self) -> Path:
+        return self.root / "tpm"
+
+    def key(self) -> PrivateKey:
+        try:
+            seed = self.key_path.read_bytes()
+        except FileNotFoundError:
+            raise HomeError(f"{self.root} has no key; run `cx init --home {self.root}`") from None
+        if len(seed) != 32:
+            raise HomeError(f"{self.key_path} is not a 32-byte key seed")
+        return PrivateKey.from_seed(seed)
+
+    def config(self) -> NodeConfig:
+        try:
+            text = self.config_path.read_text()
+        except FileNotFoundError:
+            raise HomeError(f"{self.root} has no config.toml; run `cx init`") from None
+        try:
+            return _parse(tomllib.loads(text))
+        except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+            raise HomeError(f"{self.config_path}: {exc}") from exc
+
+    def save_config(self, config: NodeConfig) -> None:
+        tmp = self.config_path.with_suffix(".tmp")
+        tmp.write_text(_render(config))
+        os.replace(tmp, self.config_path)
+
+
+def init_home(root: Path, config: NodeConfig, *, force: bool = False) -> Home:
+    """Create ``root`` with a fresh key (kept if present) and ``config``.
+
+    Raises HomeError if a configuration exists and ``force`` is not set.
+    """
+    home = Home(root)
+    if home.config_path.exists() and not force:
+        raise HomeError(f"{root} is already initialised; pass --force to rewrite its config")
+    root.mkdir(parents=True, exist_ok=True)
+    root.chmod(0o711)  # containers run under a mapped uid and must traverse the work dir
+    if not home.key_path.exists():
+        fd = os.open(home.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "wb") as f:
+            f.write(os.urandom(32))
+    home.save_config(config)
+    return home
+
+
+# -- TOML: the config is flat enough to write by hand (tomllib only reads) ---------------
+
+
+def _parse(doc: dict[str, Any]) -> NodeConfig:
+    net = doc.get("network", {})
+    buyer = doc.get("buyer", {})
+    provider = doc.get("provider")
+    return NodeConfig(
+        listen=tuple(net.get("listen", DEFAULT_LISTEN)),
+        bootstrap=tuple(net.get("bootstrap", ())),
+        dht=bool(net.get("dht", False)),
+        mdns=bool(net.get("mdns", False)),
+        api_port=int(net.get("api_port", 0)),
+        ek_roots=tuple(buyer.get("ek_roots", ())),
+        provider=None if provider is None else _parse_provider(provider),
+    )
+
+
+def _parse_provider(p: dict[str, Any]) -> ProviderConfig:
+    return ProviderConfig(
+        capacity=Resources(
+            cpu_milli=int(p["cpu_milli"]),
+            memory_bytes=int(p["memory_bytes"]),
+            disk_bytes=int(p.get("disk_bytes", 0)),
+        ),
+        prices=Prices(
+            cpu_core_hour=int(p["cpu_core_hour"]),
+            memory_gib_hour=int(p.get("memory_gib_hour", 0)),
+            disk_gib_hour=int(p.get("disk_gib_hour", 0)),
+        ),
+        arch=Arch(p.get("arch", "amd64")),
+        region=str(p.get("region", "")),
+        tpm=bool(p.get("tpm", False)),
+        tcti=p.get("tcti"),
+        offer_ttl_ms=int(p.get("offer_ttl_ms", 3_600_000)),
+    )
+
+
+def _value(v: object) -> str:
+    if isinstance(v, bool):
+        return "true" if v else "false"
+    if isinstance(v, int):
+        return str(v)
+    if isinstance(v, str):
+        return '"' + v.replace("\\", "\\\\").replace('"', '\\"') + '"'
+    if isinstance(v, tuple | list):
+        return "[" + ", ".join(_value(x) for x in v) + "]"
+    raise TypeError(f"cannot write {v!r} to TOML")
+
+
+def _table(name: str, values: dict[str, object]) -> str:
+    lines = [f"[{name}]"] + [f"{k} = {_value(v)}" for k, v in values.items() if v is not None]
+    return "\n".join(lines) + "\n"
+
+
+def _render(c: NodeConfig) -> str:
+    parts = [
+        "# Compute Exchange node configuration (cx init). Money in micro-credits.\n",
+        _table(
+            "network",
+            {
+                "listen": c.listen,
+                "bootstrap": c.bootstrap,
+                "dht": c.dht,
+                "mdns": c.mdns,
+                "api_port": c.api_port,
+            },
+        ),
+        _table("buyer", {"ek_roots": c.ek_roots}),
+    ]
+    if (p := c.provider) is not None:
+        parts.append(
+            _table(
+                "provider",
+                {
+                    "cpu_milli": p.capacity.cpu_milli,
+                    "memory_bytes": p.capacity.memory_bytes,
+                    "disk_bytes": p.capacity.disk_bytes,
+                    "cpu_core_hour": p.prices.cpu_core_hour,
+                    "memory_gib_hour": p.prices.memory_gib_hour,
+                    "disk_gib_hour": p.prices.disk_gib_hour,
+                    "arch": p.arch.value,
+                    "region": p.region,
+                    "tpm": p.tpm,
+                    "tcti": p.tcti,
+                    "offer_ttl_ms": p.offer_ttl_ms,
+                },
+            )
+        )
+    return "\n".join(parts)

@@ -1,0 +1,229 @@
+"""The market core of a running node: gossip in and out, the order book, peers.
+
+One :class:`Market` per node wraps the sans-IO :class:`~protocol.trader.Trader`. It admits
+gossiped orders in the topic validator (decode, signature, expiry, replay, size: nothing
+invalid is forwarded, and its forwarder loses score), keeps the book fresh (expired and
+cancelled orders leave), hands matches of our own bids to the buyer role, and keeps this
+node connected: a *hello* exchange swaps addresses so buyers can dial providers they only
+know from gossip, and a *book* exchange gives a newcomer the live orders it missed.
+
+The roles build on it: ``node/buyer.py`` and ``node/provider.py``.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+import os
+import time
+from collections import deque
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from node.db import Database
+from node.store import BlobStore
+from node.transport import (
+    FramedStream,
+    Network,
+    NetworkError,
+    PeerId,
+    Stream,
+    Verdict,
+)
+from node.wire import BIDS_TOPIC, BOOK, HELLO, OFFERS_TOPIC, control, read_control
+from protocol.book import Match
+from protocol.envelope import Signed
+from protocol.errors import LocalProtocolError, ProtocolError, Reason
+from protocol.messages import Bid, Offer
+from protocol.trader import Trader
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus  # see node/memnet.py: trio-stubs shadow trio
+
+__all__ = ["Market", "Trade", "new_nonce", "now_ms"]
+
+log = logging.getLogger(__name__)
+
+MAINTENANCE_S = 1.0
+HELLO_TIMEOUT_S = 5.0
+MAX_PEERS = 64  # addresses learned by hello are dialled up to this many connections
+_HARMLESS = frozenset({Reason.EXPIRED, Reason.REPLAYED, Reason.NOT_YET_VALID})
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
+
+
+def new_nonce(size: int = 16) -> bytes:
+    return os.urandom(size)
+
+
+@dataclass(frozen=True, slots=True)
+class Trade:
+    """An agreement this node made, for ``cx market``'s recent prices."""
+
+    at_ms: int
+    resource_class: str
+    cpu_core_hour: int
+    memory_gib_hour: int
+
+
+def resource_class(offer: Offer) -> str:
+    """How ``cx market`` groups offers: architecture, GPUs or not, region."""
+    kind = f"gpu:{offer.gpus[0].model}" if offer.gpus else "cpu"
+    return f"{offer.arch.value}/{kind}/{offer.region or 'any'}"
+
+
+class Market:
+    def __init__(self, trader: Trader, net: Network, db: Database, store: BlobStore) -> None:
+        self.trader = trader
+        self.net = net
+        self.db = db
+        self.store = store
+        self.addresses: dict[PeerId, str] = {}  # dialable addresses learned by hello
+        self.trades: deque[Trade] = deque(maxlen=200)
+        self.rejected: dict[str, int] = {}  # gossip refused, by reason
+        self.on_match: Callable[[Match], None] = lambda match: None
+        self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
+
+    @property
+    def me(self) -> PeerId:
+        return self.net.peer_id
+
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Join the topics and serve hello and book; runs until cancelled."""
+        async with trio.open_nursery() as nursery:
+            for topic in (OFFERS_TOPIC, BIDS_TOPIC):
+                channel = await self.net.subscribe(topic, self._validate)
+                nursery.start_soon(self._drain, channel)
+            self.net.serve(HELLO, self._serve_hello)
+            self.net.serve(BOOK, self._serve_book)
+            nursery.start_soon(self._dispatch_matches)
+            nursery.start_soon(self._maintain)
+            task_status.started()
+
+    # -- gossip ------------------------------------------------------------------------
+
+    def _validate(self, author: PeerId, data: bytes) -> Verdict:
+        """The topic validator: admission plus the book, before anything is forwarded."""
+        try:
+            _, matches = self.trader.receive_order(data, now_ms=now_ms())
+        except ProtocolError as exc:
+            harmless = exc.reason in _HARMLESS or isinstance(exc, LocalProtocolError)
+            if not harmless:
+                self.rejected[exc.reason.value] = self.rejected.get(exc.reason.value, 0) + 1
+                log.info("refused gossip from %s: %s", author, exc)
+            return Verdict.IGNORE if harmless else Verdict.REJECT
+        for match in matches:
+            self._matches_send.send_nowait(match)
+        return Verdict.ACCEPT
+
+    async def _drain(self, channel: trio.MemoryReceiveChannel[Any]) -> None:
+        async for _ in channel:  # the validator already took each order into the book
+            pass
+
+    async def _dispatch_matches(self) -> None:
+        async for match in self._matches:
+            if match.buyer == self.trader.me.raw:
+                self.on_match(match)
+
+    async def publish(self, order: Signed[Any], *, topic: str | None = None) -> None:
+        """Gossip one of our orders; a cancel names the topic of the order it cancels."""
+        if topic is None:
+            topic = BIDS_TOPIC if isinstance(order.payload, Bid) else OFFERS_TOPIC
+        await self.net.publish(topic, order.wire)
+
+    def record_trade(self, offer: Offer, at_ms: int) -> None:
+        self.trades.append(
+            Trade(
+                at_ms,
+                resource_class(offer),
+                offer.prices.cpu_core_hour,
+                offer.prices.memory_gib_hour,
+            )
+        )
+
+    async def _maintain(self) -> None:
+        while True:
+            await trio.sleep(MAINTENANCE_S)
+            now = now_ms()
+            self.trader.book.expire(now)
+            self.trader.guard.forget_expired(now)
+
+    # -- peers -------------------------------------------------------------------------
+
+    async def join(self, addr: str) -> PeerId:
+        """Connect to ``addr``, swap addresses, dial the peers it knows, fetch its book.
+
+        Raises NetworkError when ``addr`` cannot be reached.
+        """
+        peer = await self.net.connect(addr)
+        self.addresses[peer] = addr
+        await self._hello(peer)
+        await self.sync_book(peer)
+        return peer
+
+    async def _hello(self, peer: PeerId) -> None:
+        try:
+            with trio.fail_after(HELLO_TIMEOUT_S):
+                stream = FramedStream(await self.net.open_stream(peer, HELLO))
+                try:
+                    await stream.send_frame(control(addrs=self.net.listen_addrs))
+                    answer = read_control(await stream.receive_frame())
+                finally:
+                    await stream.aclose()
+        except (NetworkError, trio.TooSlowError) as exc:
+            log.info("hello to %s failed: %s", peer, exc)
+            return
+        for other, addr in answer.get("peers", []):
+            await self._dial_learned(PeerId(str(other)), str(addr))
+
+    async def _dial_learned(self, peer: PeerId, addr: str) -> None:
+        if peer == self.me or peer in self.net.peers() or len(self.net.peers()) >= MAX_PEERS:
+            self.addresses.setdefault(peer, addr)
+            return
+        try:
+            await self.net.connect(addr)
+            self.addresses[peer] = addr
+        except NetworkError as exc:
+            log.info("could not dial %s at %s: %s", peer, addr, exc)
+
+    async def _serve_hello(self, raw: Stream) -> None:
+        stream = FramedStream(raw)
+        request = read_control(await stream.receive_frame())
+        addrs = [str(a) for a in request.get("addrs", [])][:8]
+        if addrs:
+            self.addresses[raw.remote_peer] = addrs[0]
+        known = [[p, a] for p, a in self.addresses.items() if p != raw.remote_peer]
+        mine = [[self.me, a] for a in self.net.listen_addrs[:1]]
+        await stream.send_frame(control(peers=(mine + known)[:MAX_PEERS]))
+
+    async def sync_book(self, peer: PeerId) -> int:
+        """Take the live orders of ``peer``'s book; returns how many were new here."""
+        taken = 0
+        try:
+            with trio.fail_after(HELLO_TIMEOUT_S * 4):
+                stream = FramedStream(await self.net.open_stream(peer, BOOK))
+                try:
+                    await stream.send_frame(control())
+                    while (frame := await stream.receive_frame()) is not None:
+                        if self._validate(peer, frame) is Verdict.ACCEPT:
+                            taken += 1
+                finally:
+                    await stream.aclose()
+        except (NetworkError, trio.TooSlowError) as exc:
+            log.info("book sync with %s failed: %s", peer, exc)
+        return taken
+
+    async def _serve_book(self, raw: Stream) -> None:
+        stream = FramedStream(raw)
+        read_control(await stream.receive_frame())
+        now = now_ms()
+        book = self.trader.book
+        orders: list[Signed[Any]] = [o.order for o in book.live_offers(now)]
+        orders += [b.order for b in book.bids.values() if b.order.expires_ms > now]
+        for order in orders:
+            await stream.send_frame(order.wire)

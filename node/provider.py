@@ -1,0 +1,421 @@
+"""The provider role of a node: sell capacity, run agreed jobs, get receipts countersigned.
+
+The provider gossips a signed offer (a fresh one at start and before the old one expires).
+A buyer's proposal arrives on ``/cx/negotiate/1``: the provider re-checks its capacity and
+the terms against its offer, attaches a TPM quote bound to the terms when the bid demands
+it, and may preempt a cheaper preemptible job to make room. After the agreement it pulls
+the image and inputs from the buyer by digest, marks the job *started* in the database,
+runs it through the executor, and signs a usage receipt.
+
+Statuses and receipts go through a durable outbox, in order, per buyer, until the buyer
+answers (a status with ``ok``, a receipt with its countersignature); after a crash the
+outbox is still there. A job that was started when the node died is not run again: the
+restarted provider issues a provider-fault receipt for it (nothing is charged) and the
+buyer bids for it elsewhere.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Iterable
+from dataclasses import dataclass, field
+from typing import Any
+
+import trio
+
+from node import transfer
+from node.attestor import TpmAttestor
+from node.db import Database
+from node.executor import CapacityExceeded, Executor, JobResult
+from node.home import ProviderConfig
+from node.market import Market, new_nonce, now_ms
+from node.transport import FramedStream, NetworkError, PeerId, Stream
+from node.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
+from protocol.envelope import MessageId, Signed, open_signed
+from protocol.errors import ProtocolError, Reason
+from protocol.identity import PrivateKey, PublicKey
+from protocol.messages import (
+    Accept,
+    DataRef,
+    ExitReason,
+    JobState,
+    Offer,
+    Reject,
+    RejectReason,
+    Terms,
+    TrustLevel,
+    Usage,
+    UsageReceipt,
+)
+from protocol.negotiation import Agreement, terms_hash
+from protocol.trader import Trader
+
+__all__ = ["Provider"]
+
+log = logging.getLogger(__name__)
+
+AGREEMENT_TIMEOUT_S = 30.0
+FETCH_TIMEOUT_S = 600.0
+DELIVERY_TIMEOUT_S = 330.0  # the buyer fetches outputs before it countersigns
+RETRY_S = 2.0
+REFRESH_FRACTION = 0.9  # re-post the offer at this fraction of its lifetime
+# A buyer that refuses a receipt for one of these reasons will refuse it again.
+_FINAL_REFUSALS = frozenset(
+    {Reason.ILLEGAL_TRANSITION, Reason.TERMS_MISMATCH, Reason.WRONG_PARTY, Reason.BAD_SIGNATURE}
+)
+
+
+@dataclass(slots=True)
+class _Running:
+    agreement: Agreement
+    job_id: str
+    done: trio.Event = field(default_factory=trio.Event)
+
+
+class Provider:
+    def __init__(
+        self,
+        market: Market,
+        key: PrivateKey,
+        executor: Executor,
+        config: ProviderConfig,
+        attestor: TpmAttestor | None,
+    ) -> None:
+        self.market = market
+        self.key = key
+        self.executor = executor
+        self.config = config
+        self.attestor = attestor
+        self.offer: Signed[Offer] | None = None
+        self._running: dict[bytes, _Running] = {}
+        self._nursery: trio.Nursery | None = None
+        self._wake = trio.Event()
+        self._delivering: set[str] = set()
+
+    @property
+    def trader(self) -> Trader:
+        return self.market.trader
+
+    @property
+    def db(self) -> Database:
+        return self.market.db
+
+    async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:  # noqa: ANN401
+        await self.executor.recover()
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            self._restore()
+            self.market.net.serve(NEGOTIATE, self._serve_negotiate)
+            self.market.net.serve(PING, self._serve_ping)
+            await self._post_offer()
+            nursery.start_soon(self._refresh_offer)
+            nursery.start_soon(self._deliver_loop)
+            task_status.started()
+
+    # -- the offer ---------------------------------------------------------------------
+
+    def _offer(self) -> Offer:
+        c = self.config
+        trust = c.trust if self.attestor is not None else (TrustLevel.NONE,)
+        return Offer(
+            capacity=c.capacity, prices=c.prices, arch=c.arch, region=c.region, trust=trust
+        )
+
+    async def _post_offer(self) -> None:
+        """Post a fresh offer and cancel the ones before it."""
+        old = [(oid, wire) for oid, kind, wire, _, _ in self.db.orders() if kind == "offer"]
+        order, matches = self.trader.post(
+            self._offer(), nonce=new_nonce(), now_ms=now_ms(), ttl_ms=self.config.offer_ttl_ms
+        )
+        for match in matches:  # bids we could serve: their buyers propose when they see us
+            self.trader.book.release(match, rest_bid=True)
+        for running in self._running.values():
+            self.trader.book.reserve(order.id, running.agreement.terms.resources)
+        self.db.save_order(order.id, "offer", order.wire, order.expires_ms, None)
+        self.offer = order
+        await self.market.publish(order)
+        for offer_id, _ in old:
+            self.db.drop_order(offer_id)
+            if offer_id in self.trader.book.offers:
+                cancel = self.trader.cancel(MessageId(offer_id), nonce=new_nonce(), now_ms=now_ms())
+                await self.market.publish(cancel)
+
+    async def _refresh_offer(self) -> None:
+        while True:
+            assert self.offer is not None
+            lifetime = self.offer.expires_ms - self.offer.issued_ms
+            await trio.sleep(lifetime * REFRESH_FRACTION / 1000)
+            await self._post_offer()
+
+    # -- negotiation -------------------------------------------------------------------
+
+    async def _serve_negotiate(self, raw: Stream) -> None:
+        stream = FramedStream(raw)
+        frame = await stream.receive_frame()
+        if frame is None:
+            return
+        try:
+            proposal = self.trader.receive_proposal(frame, now_ms=now_ms())
+            if proposal.signer.peer_id != raw.remote_peer:
+                raise ProtocolError(Reason.WRONG_PARTY, "the proposal's buyer is not this peer")
+        except ProtocolError as exc:
+            await stream.send_frame(control(error=exc.reason.value, detail=str(exc)))
+            return
+        reply = await self._answer(proposal.id, proposal.payload.terms)
+        await stream.send_frame(reply.wire)
+        if not isinstance(reply.payload, Accept):
+            return
+        try:
+            with trio.fail_after(AGREEMENT_TIMEOUT_S):
+                wire = await stream.receive_frame()
+            if wire is None:
+                raise ProtocolError(Reason.MALFORMED, "the buyer left without agreeing")
+            agreement = self.trader.receive_agreement(wire)
+        except (NetworkError, trio.TooSlowError, ProtocolError) as exc:
+            log.info("no agreement for proposal %s: %s", proposal.id.hex()[:12], exc)
+            self.trader.provider_timed_out(proposal.id)
+            return
+        self.db.save_agreement(
+            agreement.id,
+            role="provider",
+            wire=agreement.to_wire(),
+            state=JobState.AGREED.value,
+            peer=raw.remote_peer,
+            job_id=None,
+            created_ms=now_ms(),
+        )
+        self.market.record_trade(self._offer(), now_ms())
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_job, agreement)
+        try:
+            await stream.send_frame(control(ok=True))
+        except NetworkError as exc:
+            log.info("agreement ack lost (%s); the buyer holds the agreement already", exc)
+
+    async def _answer(self, proposal_id: MessageId, terms: Terms) -> Signed[Any]:
+        """Accept with evidence when the terms need it, after making room if we may."""
+
+        def reject(reason: RejectReason, detail: str) -> Signed[Reject]:
+            rejection: Signed[Reject] = self.trader.reject(
+                proposal_id, reason, detail, nonce=new_nonce(), now_ms=now_ms()
+            )
+            return rejection
+
+        level = terms.trust.level
+        if level is TrustLevel.SEV_SNP or (level is TrustLevel.TPM and self.attestor is None):
+            return reject(RejectReason.TRUST_UNAVAILABLE, f"this provider cannot attest {level}")
+        await self._make_room(terms)
+        evidence = None
+        if level is TrustLevel.TPM and self.attestor is not None:
+            evidence = await self.attestor.evidence(
+                provider_key=self.key.public_key.raw,
+                nonce=terms.attestation_nonce,
+                terms_hash=terms_hash(terms),
+            )
+        reply: Signed[Any] = self.trader.accept(
+            proposal_id, evidence=evidence, nonce=new_nonce(), now_ms=now_ms()
+        )
+        return reply
+
+    async def _make_room(self, terms: Terms) -> None:
+        """Preempt cheaper preemptible jobs when a better-paying proposal does not fit."""
+        offer = self.trader.book.offers.get(MessageId(terms.offer_id))
+        if offer is None or terms.resources.fits_in(offer.remaining):
+            return
+        victims, free = [], offer.remaining
+        for running in sorted(self._running.values(), key=_price):
+            if terms.resources.fits_in(free):
+                break
+            t = running.agreement.terms
+            if t.preemptible and t.prices.cpu_core_hour < terms.prices.cpu_core_hour:
+                victims.append(running)
+                free = free.plus(t.resources)
+        if not terms.resources.fits_in(free):
+            return
+        for victim in victims:
+            log.info("preempting %s for a better-paying job", victim.job_id)
+            self.executor.preempt(victim.job_id)
+        grace = max(
+            (v.agreement.terms.checkpoint.grace_ms if v.agreement.terms.checkpoint else 10_000)
+            for v in victims
+        )
+        with trio.move_on_after(grace / 1000 + 5):
+            for victim in victims:
+                await victim.done.wait()
+
+    # -- running a job -----------------------------------------------------------------
+
+    async def _run_job(self, agreement: Agreement) -> None:
+        terms = agreement.terms
+        buyer = PublicKey(terms.buyer).peer_id
+        running = _Running(agreement, agreement.id.hex()[:16])
+        self._running[agreement.id] = running
+        try:
+            self._tell(agreement, JobState.TRANSFERRING, "fetching the image and inputs")
+            try:
+                with trio.fail_after(FETCH_TIMEOUT_S):
+                    await self._fetch(terms, buyer)
+            except (transfer.TransferError, NetworkError, trio.TooSlowError) as exc:
+                self._fault(agreement, f"could not fetch the job's content: {exc}")
+                return
+            self.db.mark_started(agreement.id, now_ms())
+            self._tell(agreement, JobState.RUNNING, "container started")
+            try:
+                result = await self.executor.run_job(
+                    terms.job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
+                )
+            except CapacityExceeded as exc:
+                self._fault(agreement, str(exc))
+                return
+            self._receipt(agreement, result)
+        finally:
+            running.done.set()
+            del self._running[agreement.id]
+
+    async def _fetch(self, terms: Terms, buyer: PeerId) -> None:
+        net, store = self.market.net, self.market.store
+        await transfer.fetch_image(net, store, terms.job.image, [buyer])
+        digests = [i.digest for i in terms.job.inputs]
+        if terms.checkpoint is not None and terms.checkpoint.resume_from is not None:
+            digests.append(terms.checkpoint.resume_from)
+        for digest in digests:
+            await transfer.fetch_blob(net, store, digest, [buyer])
+
+    def _tell(self, agreement: Agreement, state: JobState, detail: str = "") -> None:
+        status = self.trader.status(
+            agreement.id, state, nonce=new_nonce(), now_ms=now_ms(), detail=detail
+        )
+        self._send(agreement, state, status.wire)
+
+    def _send(self, agreement: Agreement, state: JobState, wire: bytes) -> None:
+        """Record the job's new state and queue the message that says so, atomically."""
+        peer = PublicKey(agreement.terms.buyer).peer_id
+        with self.db.atomic():
+            self.db.set_agreement_state(agreement.id, state.value)
+            self.db.queue(agreement.id, peer, wire)
+        self._wake.set()
+
+    def _receipt(self, agreement: Agreement, result: JobResult) -> None:
+        logs = tuple(
+            DataRef(digest=digest, path=f"/dev/{name}", size=self.market.store.size(digest))
+            for name, digest in (("stdout", result.stdout), ("stderr", result.stderr))
+            if digest is not None
+        )
+        self._issue(
+            agreement,
+            usage=result.usage,
+            exit_reason=result.exit_reason,
+            exit_code=result.exit_code,
+            outputs=result.outputs,
+            logs=logs,
+            checkpoint=result.checkpoint,
+        )
+
+    def _fault(self, agreement: Agreement, why: str) -> None:
+        log.warning("job %s: provider fault: %s", agreement.id.hex()[:16], why)
+        self._issue(
+            agreement,
+            usage=Usage(wall_ms=0, cpu_us=0),
+            exit_reason=ExitReason.PROVIDER_FAULT,
+            exit_code=-1,
+        )
+
+    def _issue(self, agreement: Agreement, **receipt: Any) -> None:  # noqa: ANN401
+        signed = self.trader.issue_receipt(
+            agreement.id, nonce=new_nonce(), now_ms=now_ms(), **receipt
+        )
+        if self.offer is not None and agreement.terms.offer_id != self.offer.id:
+            # the job ran on an offer we have since replaced: free its room on the new one
+            self.trader.book.give_back(self.offer.id, agreement.terms.resources)
+        with self.db.atomic():
+            self.db.save_receipt(agreement.id, signed.wire)
+            self._send(agreement, JobState.RECEIPTED, signed.wire)
+
+    async def _serve_ping(self, raw: Stream) -> None:
+        stream = FramedStream(raw)
+        asked = read_control(await stream.receive_frame())
+        job = self.trader.jobs.get(bytes(asked.get("agreement", b"")))
+        agreement = self.trader.agreements.get(bytes(asked.get("agreement", b"")))
+        mine = agreement is not None and PublicKey(agreement.terms.buyer).peer_id == raw.remote_peer
+        await stream.send_frame(control(state=job.state.value if job and mine else None))
+
+    # -- the outbox --------------------------------------------------------------------
+
+    async def _deliver_loop(self) -> None:
+        assert self._nursery is not None
+        while True:
+            self._wake = trio.Event()
+            for peer in {peer for _, _, peer, _ in self.db.outbox()} - self._delivering:
+                self._delivering.add(peer)
+                self._nursery.start_soon(self._deliver_to, peer)
+            with trio.move_on_after(RETRY_S):
+                await self._wake.wait()
+
+    async def _deliver_to(self, peer: str) -> None:
+        """Deliver ``peer``'s queued messages in order; stop at the first that fails."""
+        try:
+            for item_id, agreement_id, _, wire in _for_peer(self.db.outbox(), peer):
+                if not await self._deliver(item_id, agreement_id, PeerId(peer), wire):
+                    return
+        finally:
+            self._delivering.discard(peer)
+
+    async def _deliver(self, item_id: int, agreement_id: bytes, peer: PeerId, wire: bytes) -> bool:
+        is_receipt = isinstance(open_signed(wire).payload, UsageReceipt)
+        try:
+            with trio.fail_after(DELIVERY_TIMEOUT_S):
+                answer = await request(self.market.net, peer, JOB, wire)
+            read_control(answer)  # raises PeerRefused for an error answer
+            if is_receipt:
+                self._settle(item_id, answer)  # the answer is the countersigned receipt
+            else:
+                self.db.delivered(item_id)
+            return True
+        except PeerRefused as exc:
+            final = not is_receipt or exc.reason in {r.value for r in _FINAL_REFUSALS}
+            log.warning(
+                "%s refused %s for %s: %s",
+                peer,
+                "receipt" if is_receipt else "status",
+                agreement_id.hex()[:16],
+                exc,
+            )
+            if final:
+                self.db.delivered(item_id)
+            return final
+        except (NetworkError, trio.TooSlowError, ProtocolError) as exc:
+            log.info("delivery to %s failed, will retry: %s", peer, exc)
+            return False
+
+    def _settle(self, item_id: int, countersigned: bytes) -> None:
+        entry = self.trader.receive_countersigned(countersigned)
+        receipt = self.db.receipt(entry.agreement_id)
+        assert receipt is not None  # saved when it was queued
+        with self.db.atomic():
+            self.db.settle(entry, receipt[0], countersigned, now_ms())
+            self.db.set_agreement_state(entry.agreement_id, JobState.SETTLED.value)
+            self.db.delivered(item_id)
+
+    # -- restart -----------------------------------------------------------------------
+
+    def _restore(self) -> None:
+        """Take back unsettled agreements; a job the crash interrupted ends as our fault."""
+        for row in self.db.agreements():
+            state = JobState(row.state)
+            if row.role != "provider" or state in (JobState.SETTLED, JobState.ERROR):
+                continue
+            agreement = Agreement.from_wire(row.wire)
+            self.trader.resume(agreement, state)
+            if state in (JobState.AGREED, JobState.TRANSFERRING, JobState.RUNNING):
+                started = " after its container started" if row.started_ms else ""
+                self._fault(agreement, f"interrupted by a provider restart{started}")
+
+
+def _price(running: _Running) -> int:
+    return running.agreement.terms.prices.cpu_core_hour
+
+
+def _for_peer(
+    items: Iterable[tuple[int, bytes, str, bytes]], peer: str
+) -> list[tuple[int, bytes, str, bytes]]:
+    return [item for item in items if item[2] == peer]

@@ -1,0 +1,93 @@
+"""What peers say to each other beyond gossip: topic names, stream protocols, control frames.
+
+spec/peer.md is the reference. Every stream carries length-prefixed frames
+(:class:`~node.transport.FramedStream`); a frame is either the exact bytes of a signed
+message (protocol.envelope) or a *control frame*: the canonical encoding of a small map,
+such as ``{"ok": true}`` or ``{"error": "<reason>", "detail": "..."}``.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from node.transport import (
+    FramedStream,
+    NetReason,
+    Network,
+    PeerId,
+    ProtocolId,
+    RemoteNetworkError,
+)
+from protocol.encoding import decode, encode
+from protocol.errors import DecodeError
+
+__all__ = [
+    "BIDS_TOPIC",
+    "BOOK",
+    "HELLO",
+    "JOB",
+    "NEGOTIATE",
+    "OFFERS_TOPIC",
+    "PING",
+    "PeerRefused",
+    "control",
+    "read_control",
+    "request",
+]
+
+OFFERS_TOPIC = "cx/offers/1"
+BIDS_TOPIC = "cx/bids/1"
+
+HELLO = ProtocolId("/cx/hello/1")  # addresses: mine and the peers I know
+BOOK = ProtocolId("/cx/book/1")  # the live orders of your book, one frame each
+NEGOTIATE = ProtocolId("/cx/negotiate/1")  # proposal, accept/reject, agreement, ack
+JOB = ProtocolId("/cx/job/1")  # provider to buyer: a status or a receipt, and its answer
+PING = ProtocolId("/cx/ping/1")  # buyer to provider: is my job alive?
+
+
+class PeerRefused(Exception):
+    """The peer answered with an error control frame."""
+
+    def __init__(self, reason: str, detail: str) -> None:
+        super().__init__(f"{reason}: {detail}" if detail else reason)
+        self.reason = reason
+        self.detail = detail
+
+
+def control(**fields: Any) -> bytes:  # noqa: ANN401 - encodable values
+    return encode(fields)
+
+
+def read_control(frame: bytes | None) -> dict[str, Any]:
+    """Decode a control frame; an error frame raises :class:`PeerRefused`.
+
+    Raises RemoteNetworkError if the frame is missing or not a map.
+    """
+    if frame is None:
+        raise RemoteNetworkError(NetReason.CLOSED, "the peer closed the stream without answering")
+    try:
+        value = decode(frame)
+    except DecodeError as exc:
+        raise RemoteNetworkError(NetReason.BAD_FRAME, f"bad control frame: {exc}") from exc
+    if not isinstance(value, dict):
+        raise RemoteNetworkError(NetReason.BAD_FRAME, "a control frame is a map")
+    if "error" in value:
+        raise PeerRefused(str(value["error"]), str(value.get("detail", "")))
+    return value
+
+
+async def request(net: Network, peer: PeerId, protocol: ProtocolId, frame: bytes) -> bytes:
+    """Open a stream, send one frame and return the one frame that answers it.
+
+    Raises NetworkError, also when the peer closes without answering. Bound it with
+    ``trio.fail_after``.
+    """
+    stream = FramedStream(await net.open_stream(peer, protocol))
+    try:
+        await stream.send_frame(frame)
+        answer = await stream.receive_frame()
+    finally:
+        await stream.aclose()
+    if answer is None:
+        raise RemoteNetworkError(NetReason.CLOSED, f"{peer} closed {protocol} without answering")
+    return answer
