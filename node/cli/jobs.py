@@ -1,0 +1,207 @@
+"""``cx jobs``, ``cx logs``, ``cx get``, ``cx why``, ``cx cancel``: this node's jobs, through
+its control API. JOB is a job id or an unambiguous prefix of one (as ``cx jobs`` shows).
+
+Exit status: 0 done, 1 the node refused (e.g. unknown job), 3 no node answered.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+from typing import Any
+
+from node.cli.common import add_common, age, client, credits, print_json, short_peer, table, talk
+
+__all__ = ["register"]
+
+Json = dict[str, Any]
+_PRICE_UNITS = (
+    ("cpu_core_hour", "core-h"),
+    ("memory_gib_hour", "GiB-h memory"),
+    ("disk_gib_hour", "GiB-h disk"),
+    ("gpu_hour", "GPU-h"),
+)
+
+
+def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
+    jobs = commands.add_parser(
+        "jobs",
+        help="list this node's jobs, or show one",
+        description="List the jobs this node submitted, newest first, or show JOB in full.",
+    )
+    jobs.add_argument("job", nargs="?", metavar="JOB", help="show this job in full")
+    add_common(jobs, json_help="print the JobView(s) as JSON")
+    jobs.set_defaults(run=talk("cx jobs", _jobs))
+
+    logs = commands.add_parser(
+        "logs",
+        help="print a job's stdout (and its stderr to stderr)",
+        description="Print JOB's stdout to stdout and its stderr to stderr.",
+    )
+    logs.add_argument("job", metavar="JOB")
+    add_common(logs, json_help="print {stdout, stderr} as JSON")
+    logs.set_defaults(run=talk("cx logs", _logs))
+
+    get = commands.add_parser(
+        "get",
+        help="fetch a job's output files",
+        description="Fetch the files JOB wrote to its output directory into DEST.",
+    )
+    get.add_argument("job", metavar="JOB")
+    get.add_argument("dest", nargs="?", type=Path, default=Path(), metavar="DEST",
+                     help="directory to write them under (default: the current one)")  # fmt: skip
+    add_common(get, json_help="print [{path, file, size}] as JSON")
+    get.set_defaults(run=talk("cx get", _get))
+
+    why = commands.add_parser(
+        "why",
+        help="explain why a job's bid has not matched",
+        description="Explain how the market sees JOB's bid: the offers seen, the constraints "
+        "that ruled them out, and the best price against your limit.",
+    )
+    why.add_argument("job", metavar="JOB")
+    add_common(why, json_help="print the explanation as JSON")
+    why.set_defaults(run=talk("cx why", _why))
+
+    cancel = commands.add_parser(
+        "cancel",
+        help="cancel a job",
+        description="Cancel JOB: withdraw its bid, or stop it where it runs.",
+    )
+    cancel.add_argument("job", metavar="JOB")
+    add_common(cancel, json_help="print the JobView as JSON")
+    cancel.set_defaults(run=talk("cx cancel", _cancel))
+
+
+def _jobs(args: argparse.Namespace) -> int:
+    api = client(args)
+    if args.job is not None:
+        job = api.job(args.job)
+        if args.json:
+            print_json(job)
+        else:
+            print(render_job(job))
+        return 0
+    jobs = api.jobs()
+    if args.json:
+        print_json(jobs)
+        return 0
+    print(render_jobs(jobs))
+    return 0
+
+
+def render_jobs(jobs: list[Json], now_ms: int | None = None) -> str:
+    rows = [
+        (
+            j["id"],
+            j.get("name") or "-",
+            j["state"],
+            short_peer(j.get("provider")),
+            j.get("attempts", 0),
+            credits(j.get("cost")),
+            age(j.get("created_ms"), now_ms),
+        )
+        for j in jobs
+    ]
+    headers = ("ID", "NAME", "STATE", "PROVIDER", "ATTEMPTS", "COST", "AGE")
+    return table(headers, rows, right=(4, 5, 6))
+
+
+def render_job(job: Json, now_ms: int | None = None) -> str:
+    price = job.get("price")
+    exit_part = job.get("exit_reason") or "-"
+    if job.get("exit_code") is not None:
+        exit_part += f" (exit code {job['exit_code']})"
+    fields = [
+        ("id", job["id"]),
+        ("name", job.get("name") or "-"),
+        ("state", " - ".join(x for x in (job["state"], job.get("detail")) if x)),
+        ("provider", job.get("provider") or "-"),
+        ("attempts", job.get("attempts", 0)),
+        ("price", _prices(price) if price else "-"),
+        ("max cost", credits(job.get("max_cost"))),
+        ("cost", credits(job.get("cost"))),
+        ("exit", exit_part),
+        ("created", f"{age(job.get('created_ms'), now_ms)} ago"),
+        ("updated", f"{age(job.get('updated_ms'), now_ms)} ago"),
+    ]
+    lines = [f"{k + ':':<10} {v}" for k, v in fields]
+    for kind in ("outputs", "logs"):
+        files = job.get(kind) or []
+        lines.append(f"{kind + ':':<10} {len(files)} file(s)")
+        lines += [f"  {f['path']}  {f['size']} B  {f['digest']}" for f in files]
+    return "\n".join(lines)
+
+
+def _prices(price: Json) -> str:
+    return ", ".join(
+        f"{credits(price[k])}/{unit}" for k, unit in _PRICE_UNITS if price.get(k) is not None
+    )
+
+
+def _logs(args: argparse.Namespace) -> int:
+    logs = client(args).logs(args.job)
+    if args.json:
+        print_json(logs)
+        return 0
+    sys.stderr.write(logs.get("stderr", ""))
+    sys.stderr.flush()
+    sys.stdout.write(logs.get("stdout", ""))
+    return 0
+
+
+def _get(args: argparse.Namespace) -> int:
+    dest = args.dest.absolute()
+    dest.mkdir(parents=True, exist_ok=True)
+    files = client(args).outputs(args.job, dest)
+    if args.json:
+        print_json(files)
+        return 0
+    print(f"{len(files)} file(s) under {dest}", file=sys.stderr)
+    if files:
+        rows = [(f["path"], f["file"], f["size"]) for f in files]
+        print(table(("PATH", "FILE", "SIZE"), rows, right=(2,)))
+    return 0
+
+
+def _why(args: argparse.Namespace) -> int:
+    why = client(args).why(args.job)
+    if args.json:
+        print_json(why)
+    else:
+        print(render_why(args.job, why))
+    return 0
+
+
+def render_why(job: str, why: Json) -> str:
+    seen = why.get("offers_seen", 0)
+    lines = [f"job {job} is {why.get('state', '?')}; its bid has seen {seen} offer(s)."]
+    ruled = {k: n for k, n in (why.get("ruled_out") or {}).items() if n}
+    if ruled:
+        width = max(len(k) for k in ruled)
+        lines.append("ruled out by:")
+        lines += [
+            f"  {k:<{width}}  {n} offer(s)" for k, n in sorted(ruled.items(), key=lambda kv: -kv[1])
+        ]
+    best = why.get("best_price")
+    limit = credits(why.get("limit"))
+    if best is None:
+        lines.append(f"no offer fits apart from price; your limit is {limit} credits.")
+    else:
+        lines.append(
+            f"the cheapest offer that fits otherwise would cost {credits(best)} credits; "
+            f"your limit is {limit} credits."
+        )
+    if why.get("explanation"):
+        lines.append(why["explanation"])
+    return "\n".join(lines)
+
+
+def _cancel(args: argparse.Namespace) -> int:
+    job = client(args).cancel(args.job)
+    if args.json:
+        print_json(job)
+    else:
+        print(f"job {job['id']}: {job['state']}")
+    return 0

@@ -1,0 +1,387 @@
+"""``cx run``: submit a job to the market through the running node and follow it, as
+``docker run`` does for a local container.
+
+The request goes to the node's control API (node/api.py); the node bids, negotiates,
+transfers and collects. Progress (each state the job enters) goes to stderr, the job's own
+stdout to stdout once it has ended. Exit status: see ``_EPILOG``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import re
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from node.api import FINAL_STATES, ApiError
+from node.cli.common import (
+    add_common,
+    client,
+    cpu,
+    credits,
+    duration_ms,
+    parse_credits,
+    short_peer,
+    size_bytes,
+)
+from node.cli.image import resolve_image
+from node.client import ApiClient, ClientError
+from node.image import ImageError
+from node.store import BlobStore
+
+__all__ = ["register"]
+
+EXIT_NEVER_RAN = 2
+EXIT_CX = 125
+_POLL_S = 30.0
+_UNMATCHED = ("waiting", "negotiating")
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
+
+_EPILOG = """\
+examples:
+  cx run --max-price 1.5 busybox -- echo hello
+  cx run --cpu 0.5 --memory 128M --timeout 10m --max-price 2 \\
+         --input data.csv:/in/data.csv --output ./out \\
+         busybox -- sh -c 'wc -l < /in/data.csv > /out/count'
+  cx run --detach --name train --preemptible --checkpoint-path /ckpt \\
+         --gpus 1 --max-price 1 --max-gpu-price 40 ./trainer-oci -- python train.py
+  cx run --wait-match 2m --region eu-west --trust sev-snp --max-price 5 sha256:4f1c... -- true
+
+IMAGE is a manifest digest (sha256:...), a name or digest prefix from `cx image ls` in the
+node's store, or the path of an OCI layout directory or archive, which the node imports.
+Put options before IMAGE; everything after it (and after an optional --) is the command.
+
+Prices are credits. --max-price caps the price per core-hour of CPU time; memory and disk
+are priced per GiB-hour of the reservation and their caps default to the --max-price
+figure; --max-gpu-price (per GPU-hour) is required with --gpus. See `cx market` for what
+offers ask.
+
+exit status:
+  0    the job succeeded (with --detach: it was submitted; its id is printed)
+  N    the job failed with exit code N
+  1    it failed without an exit code (killed, out of memory, timed out, provider fault)
+  2    it never ran: not matched within --wait-match (it is then cancelled), or cancelled
+       (2 is also argparse's status for a malformed command line)
+  125  cx could not submit or follow it: no node running, request refused, bad option
+Interrupting cx run (Ctrl-C) leaves the job to the node: `cx cancel JOB` stops it.
+"""
+
+
+class _Unusable(Exception):
+    """An option value cx cannot turn into a request; the message says what to do."""
+
+
+def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
+    p = commands.add_parser(
+        "run",
+        help="run a job on the market: bid, match, run remotely, fetch the result",
+        description="Submit COMMAND in IMAGE to the market through the running node (`cx node`),\n"
+        "follow it until it ends, then print its output.",
+        epilog=_EPILOG,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    p.add_argument("image", metavar="IMAGE", help="digest, name in the store, or OCI path")
+    p.add_argument(
+        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run in it"
+    )
+    need = p.add_argument_group("resources")
+    need.add_argument("--cpu", type=cpu, default=1000, help="cores (0.5, 2) or 500m; default 1")
+    need.add_argument(
+        "--memory", type=size_bytes, default=256 << 20, help="memory, e.g. 512M; default 256M"
+    )
+    need.add_argument("--disk", type=size_bytes, default=0, help="scratch disk, e.g. 1G; default 0")
+    need.add_argument("--gpus", type=int, default=0, help="number of GPUs; default 0")
+    need.add_argument(
+        "--timeout",
+        type=duration_ms,
+        default=3_600_000,
+        metavar="DURATION",
+        help="wall-clock limit of the job, e.g. 30s, 10m, 2h; default 1h",
+    )
+    money = p.add_argument_group("prices (credits)")
+    money.add_argument(
+        "--max-price",
+        type=parse_credits,
+        metavar="CREDITS",
+        help="required: the most you pay per core-hour of CPU time",
+    )
+    money.add_argument(
+        "--max-memory-price",
+        type=parse_credits,
+        metavar="CREDITS",
+        help="per GiB-hour of memory; default: the --max-price figure",
+    )
+    money.add_argument(
+        "--max-disk-price",
+        type=parse_credits,
+        metavar="CREDITS",
+        help="per GiB-hour of disk; default: the --max-price figure",
+    )
+    money.add_argument(
+        "--max-gpu-price",
+        type=parse_credits,
+        metavar="CREDITS",
+        help="per GPU-hour; required with --gpus",
+    )
+    where = p.add_argument_group("where it may run")
+    where.add_argument("--arch", help="CPU architecture, e.g. amd64 or arm64; default any")
+    where.add_argument(
+        "--region", action="append", default=[], help="acceptable region (repeatable)"
+    )
+    where.add_argument(
+        "--trust",
+        choices=("none", "tpm", "sev-snp"),
+        default="none",
+        help="attestation the provider must give; default none",
+    )
+    job = p.add_argument_group("the job")
+    job.add_argument(
+        "--input",
+        action="append",
+        default=[],
+        metavar="LOCAL:/PATH",
+        help="make the local file LOCAL readable at /PATH in the job (repeatable)",
+    )
+    job.add_argument(
+        "--env",
+        action="append",
+        default=[],
+        metavar="K=V",
+        help="set a variable in the job (repeatable)",
+    )
+    job.add_argument(
+        "--preemptible", action="store_true", help="accept cheaper capacity that may be reclaimed"
+    )
+    job.add_argument(
+        "--checkpoint-path",
+        metavar="/PATH",
+        help="directory in the job that it checkpoints to, for resuming elsewhere",
+    )
+    job.add_argument("--name", help="a name to recognise the job by in `cx jobs`")
+    follow = p.add_argument_group("following it")
+    follow.add_argument(
+        "--output",
+        type=Path,
+        metavar="DIR",
+        help="when it has ended, fetch its output files into DIR",
+    )
+    follow.add_argument(
+        "-d", "--detach", action="store_true", help="print the job id and return at once"
+    )
+    follow.add_argument(
+        "--wait-match",
+        type=duration_ms,
+        metavar="DURATION",
+        help="cancel the job if no provider takes it within DURATION; default: wait",
+    )
+    add_common(p)
+    p.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    try:
+        request = _request(args)
+        api = client(args)
+        job = api.submit(request)
+    except _Unusable as exc:
+        print(f"cx run: {exc}", file=sys.stderr)
+        return EXIT_CX
+    except ApiError as exc:
+        print(f"cx run: the node refused the job: {exc.message}", file=sys.stderr)
+        return EXIT_CX
+    except ClientError as exc:
+        print(f"cx run: {exc}", file=sys.stderr)
+        return EXIT_CX
+    if args.detach:
+        print(job["id"])
+        return 0
+    try:
+        return _follow(api, job, args)
+    except KeyboardInterrupt:
+        print(
+            f"\ncx run: job {job['id']} goes on at the node; `cx cancel {job['id']}` stops it",
+            file=sys.stderr,
+        )
+        return 130
+    except (ApiError, ClientError) as exc:
+        print(f"cx run: lost track of job {job['id']}: {exc}", file=sys.stderr)
+        return EXIT_CX
+
+
+def _request(args: argparse.Namespace) -> dict[str, Any]:
+    """The job request for the API from the command line.
+
+    Raises:
+        _Unusable: an option cannot be used as given.
+    """
+    command = args.command[1:] if args.command[:1] == ["--"] else args.command
+    if not command:
+        raise _Unusable("give a command after IMAGE, e.g. cx run busybox -- echo hello")
+    if args.max_price is None:
+        raise _Unusable(
+            "give --max-price, the most you pay per core-hour in credits (e.g. --max-price "
+            "1.5); `cx market` shows what offers ask"
+        )
+    if args.gpus and args.max_gpu_price is None:
+        raise _Unusable("give --max-gpu-price (credits per GPU-hour) with --gpus")
+    if args.gpus < 0:
+        raise _Unusable("--gpus cannot be negative")
+    env = {}
+    for item in args.env:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise _Unusable(f"--env {item!r}: use NAME=VALUE")
+        env[key] = value
+    if args.checkpoint_path is not None and not args.checkpoint_path.startswith("/"):
+        raise _Unusable("--checkpoint-path must be an absolute path in the container")
+    same = args.max_price
+    return {
+        "image": _image(args.image, args.home),
+        "command": command,
+        "env": env,
+        "cpu_milli": args.cpu,
+        "memory_bytes": args.memory,
+        "disk_bytes": args.disk,
+        "gpus": args.gpus,
+        "wall_ms": args.timeout,
+        "max_prices": {
+            "cpu_core_hour": args.max_price,
+            "memory_gib_hour": same if args.max_memory_price is None else args.max_memory_price,
+            "disk_gib_hour": same if args.max_disk_price is None else args.max_disk_price,
+            "gpu_hour": args.max_gpu_price or 0,
+        },
+        "arch": args.arch,
+        "regions": args.region,
+        "trust": args.trust,
+        "inputs": [_input(item) for item in args.input],
+        "preemptible": args.preemptible,
+        "checkpoint_path": args.checkpoint_path,
+        "name": args.name,
+    }
+
+
+def _input(item: str) -> dict[str, str]:
+    local, sep, dest = item.rpartition(":")
+    if not sep or not local or not dest.startswith("/"):
+        raise _Unusable(f"--input {item!r}: use LOCAL_FILE:/path/in/job")
+    path = Path(local)
+    if not path.is_file():
+        raise _Unusable(f"--input {item!r}: {local} is not a file")
+    return {"path": dest, "file": str(path.resolve())}
+
+
+def _image(name: str, home: Path) -> str:
+    """A digest or absolute path the node can use for ``name``.
+
+    Raises:
+        _Unusable: ``name`` is none of a digest, a path, or an image in the node's store.
+    """
+    if _DIGEST.fullmatch(name):
+        return name
+    path = Path(name)
+    if path.exists():
+        return str(path.resolve())
+    store = home / "store"
+    if (store / "images").is_dir():
+        try:
+            return resolve_image(BlobStore(store), name)
+        except ImageError as exc:
+            raise _Unusable(str(exc)) from None
+        except OSError as exc:
+            raise _Unusable(f"cannot read the image store {store} ({exc}); give IMAGE as "
+                            "sha256:... or a path") from None  # fmt: skip
+    raise _Unusable(
+        f"{name!r} is not a digest, a path, or an image in {store}; import it with "
+        "`cx image import` or give sha256:..."
+    )
+
+
+def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> int:
+    """Show the job's states until it ends; print its logs, fetch outputs; its status."""
+    job_id = job["id"]
+    print(f"cx run: job {job_id} submitted", file=sys.stderr)
+    deadline = None if args.wait_match is None else time.monotonic() + args.wait_match / 1000
+    state, after = job["state"], 0
+    while state not in FINAL_STATES:
+        wait_s = _POLL_S
+        if deadline is not None and state in _UNMATCHED:
+            left = deadline - time.monotonic()
+            if left > 0:
+                wait_s = min(wait_s, left)
+            elif _give_up(api, job_id):
+                return EXIT_NEVER_RAN
+            else:
+                deadline = None  # it matched meanwhile: follow it to the end
+        for event in api.events(job_id, after, wait_s):
+            after = max(after, event["seq"])
+            state = event["state"]
+            _show(event)
+    job = api.job(job_id)
+    if job.get("exit_reason") is not None:
+        _print_logs(api, job_id)
+    if args.output is not None and job.get("outputs"):
+        args.output.mkdir(parents=True, exist_ok=True)
+        files = api.outputs(job_id, args.output)
+        print(f"cx run: {len(files)} output file(s) in {args.output}", file=sys.stderr)
+    print(f"cx run: {_summary(job)}", file=sys.stderr)
+    return exit_status(job)
+
+
+def _give_up(api: ApiClient, job_id: str) -> bool:
+    """Cancel an unmatched job; False when it matched meanwhile (409) and runs on."""
+    try:
+        api.cancel(job_id)
+    except ApiError as exc:
+        if exc.status == 409:
+            return False
+        raise
+    print(f"cx run: no provider took job {job_id} in time; cancelled it", file=sys.stderr)
+    return True
+
+
+def _show(event: dict[str, Any]) -> None:
+    clock = time.strftime("%H:%M:%S", time.localtime(event["at_ms"] / 1000))
+    detail = event.get("detail") or ""
+    print(f"  {clock} {event['state']:<14} {detail}".rstrip(), file=sys.stderr)
+
+
+def _print_logs(api: ApiClient, job_id: str) -> None:
+    try:
+        logs = api.logs(job_id)
+    except ApiError as exc:
+        print(f"cx run: no logs: {exc.message}", file=sys.stderr)
+        return
+    sys.stderr.write(logs.get("stderr", ""))
+    sys.stderr.flush()
+    sys.stdout.write(logs.get("stdout", ""))
+    sys.stdout.flush()
+
+
+def _summary(job: dict[str, Any]) -> str:
+    exit_part = job.get("exit_reason") or "-"
+    if job.get("exit_code") is not None:
+        exit_part += f" (exit code {job['exit_code']})"
+    if job.get("cost") is not None:
+        money = f"cost {credits(job['cost'])} credits"
+    elif job.get("max_cost") is not None:
+        money = f"at most {credits(job['max_cost'])} credits, receipt pending"
+    else:
+        money = "nothing charged"
+    return (
+        f"job {job['id']} {job['state']}: {exit_part}; provider "
+        f"{short_peer(job.get('provider'))}, attempt(s) {job.get('attempts', 0)}; {money}"
+    )
+
+
+def exit_status(job: dict[str, Any]) -> int:
+    """``cx run``'s exit status for an ended job (see ``_EPILOG``)."""
+    if job["state"] == "succeeded" or job.get("exit_reason") == "success":
+        return 0
+    if job.get("exit_reason") is None and job["state"] in ("cancelled", *_UNMATCHED):
+        return EXIT_NEVER_RAN
+    code = job.get("exit_code")
+    if isinstance(code, int) and 0 < code < 256:
+        return code
+    return 1

@@ -1,0 +1,208 @@
+"""A fake Controller for the control API tests: canned jobs, events a test adds (or a script
+that releases one step per poll), and a switch that makes a route raise like a bug would."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import trio
+
+from node.api import ApiError
+
+TOKEN = "test-token-0123456789"
+PEER_A = "12D3KooWProviderAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+NOW_MS = 1_800_000_000_000
+
+
+def job_view(job_id: str, **fields) -> dict:
+    view = {
+        "id": job_id,
+        "name": None,
+        "state": "waiting",
+        "detail": "",
+        "created_ms": NOW_MS,
+        "updated_ms": NOW_MS,
+        "provider": None,
+        "attempts": 0,
+        "price": None,
+        "max_cost": None,
+        "cost": None,
+        "exit_reason": None,
+        "exit_code": None,
+        "outputs": [],
+        "logs": [],
+    }
+    view.update(fields)
+    return view
+
+
+class FakeController:
+    """Implements node.api.Controller with in-memory jobs."""
+
+    def __init__(self) -> None:
+        self.views: dict[str, dict] = {}
+        self.history: dict[str, list[dict]] = {}
+        self.stdout: dict[str, str] = {}
+        self.submitted: list[dict] = []
+        self.script: list[tuple[str, dict]] = []  # applied to the next submitted job
+        self.scripts: dict[str, list[tuple[str, dict]]] = {}
+        self.broken = False
+        self.polling = trio.Event()  # set when events() starts waiting
+        self.last_wait_s: float | None = None
+        self._changed = trio.Event()
+        self._next_id = 0xA1B2C300
+
+    # -- test controls ---------------------------------------------------------------------
+
+    def add_job(self, job_id: str, stdout: str = "", **fields) -> dict:
+        self.views[job_id] = job_view(job_id, **fields)
+        self.history[job_id] = []
+        self.stdout[job_id] = stdout
+        self.advance(job_id, self.views[job_id]["state"])
+        return self.views[job_id]
+
+    def advance(self, job_id: str, state: str, detail: str = "", **fields) -> None:
+        events = self.history[job_id]
+        at_ms = NOW_MS + 1000 * len(events)
+        events.append({"seq": len(events) + 1, "at_ms": at_ms, "state": state, "detail": detail})
+        self.views[job_id].update(state=state, detail=detail, updated_ms=at_ms, **fields)
+        self._changed.set()
+        self._changed = trio.Event()
+
+    # -- the Controller protocol -----------------------------------------------------------
+
+    def node_info(self) -> dict:
+        return {
+            "peer_id": "12D3KooWBuyer",
+            "addrs": ["/ip4/127.0.0.1/tcp/4001"],
+            "provider": False,
+            "offer": None,
+            "version": "0.1.0",
+        }
+
+    def peers(self) -> list[dict]:
+        if self.broken:
+            raise RuntimeError("peer table corrupted")
+        return [
+            {"peer_id": PEER_A, "score": 12.5, "addrs": ["/ip4/10.0.0.2/tcp/4001"]},
+            {"peer_id": "12D3KooWOther", "score": -3},
+        ]
+
+    async def submit(self, request: dict) -> dict:
+        self.submitted.append(request)
+        job_id = f"{self._next_id:x}"
+        self._next_id += 1
+        created_ms = NOW_MS + 60_000 * len(self.submitted)  # newer than the canned jobs
+        self.add_job(
+            job_id, name=request["name"], stdout="hello from the job\n", created_ms=created_ms
+        )
+        self.scripts[job_id], self.script = self.script, []
+        return self.views[job_id]
+
+    def jobs(self) -> list[dict]:
+        return sorted(self.views.values(), key=lambda v: v["created_ms"], reverse=True)
+
+    def job(self, job_id: str) -> dict:
+        return self.views[self._resolve(job_id)]
+
+    async def events(self, job_id: str, after: int, wait_s: float) -> list[dict]:
+        full = self._resolve(job_id)
+        self.last_wait_s = wait_s
+        if not self._after(full, after) and self.scripts.get(full):
+            state, fields = self.scripts[full].pop(0)
+            self.advance(full, state, **fields)
+        if not self._after(full, after):
+            self.polling.set()
+            with trio.move_on_after(wait_s):
+                await self._changed.wait()
+        return self._after(full, after)
+
+    def why(self, job_id: str) -> dict:
+        view = self.job(job_id)
+        return {
+            "bid_id": "b1d" + view["id"],
+            "state": view["state"],
+            "offers_seen": 4,
+            "ruled_out": {"price": 3, "region": 1, "arch": 0},
+            "best_price": 1_250_000,
+            "limit": 1_000_000,
+            "explanation": "raise --max-price above 1.25 to match the cheapest offer",
+        }
+
+    async def logs(self, job_id: str) -> dict:
+        return {"stdout": self.stdout[self._resolve(job_id)], "stderr": "a warning\n"}
+
+    async def outputs(self, job_id: str, dest: str) -> list[dict]:
+        view = self.job(job_id)
+        written = []
+        for out in view["outputs"]:
+            target = Path(dest) / out["path"].lstrip("/")
+            target.parent.mkdir(parents=True, exist_ok=True)
+            target.write_bytes(b"x" * out["size"])
+            written.append({"path": out["path"], "file": str(target), "size": out["size"]})
+        return written
+
+    async def cancel(self, job_id: str) -> dict:
+        view = self.job(job_id)
+        if view["state"] in ("succeeded", "failed", "settled", "receipted", "cancelled"):
+            raise ApiError(409, "job-ended", f"job {view['id']} has already ended")
+        self.advance(view["id"], "cancelled", "cancelled by the user")
+        return view
+
+    def market(self) -> dict:
+        return {
+            "offers": 5,
+            "bids": 2,
+            "classes": [
+                {
+                    "class": "amd64-small",
+                    "offers": 4,
+                    "bids": 2,
+                    "best_cpu_core_hour": 900_000,
+                    "last_prices": [1_000_000, 950_000],
+                },
+                {
+                    "class": "arm64-gpu",
+                    "offers": 1,
+                    "bids": 0,
+                    "best_cpu_core_hour": None,
+                    "last_prices": [],
+                },
+            ],
+            "recent_trades": [
+                {
+                    "at_ms": NOW_MS,
+                    "class": "amd64-small",
+                    "cpu_core_hour": 950_000,
+                    "memory_gib_hour": 100_000,
+                }
+            ],
+        }
+
+    def ledger(self) -> dict:
+        return {
+            "balance": -1_500_000,
+            "entries": [
+                {
+                    "agreement_id": "ag0123456789abcdef0123",
+                    "at_ms": NOW_MS,
+                    "payer": "12D3KooWBuyer",
+                    "payee": PEER_A,
+                    "amount": 1_500_000,
+                    "role": "buyer",
+                }
+            ],
+        }
+
+    # -- helpers ----------------------------------------------------------------------------
+
+    def _resolve(self, job_id: str) -> str:
+        matches = [j for j in self.views if j.startswith(job_id)]
+        if len(matches) == 1:
+            return matches[0]
+        if not matches:
+            raise ApiError(404, "unknown-job", f"no job {job_id}; see cx jobs")
+        raise ApiError(400, "ambiguous-job", f"{job_id} matches {len(matches)} jobs")
+
+    def _after(self, job_id: str, after: int) -> list[dict]:
+        return [e for e in self.history[job_id] if e["seq"] > after]
