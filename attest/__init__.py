@@ -1,11 +1,19 @@
 """Attestation: pure verifiers for TPM 2.0 quotes and AMD SEV-SNP reports, and producers.
 
-The verifiers, binding and policy are re-exported here; the producers
+The verifiers, binding, policy and enrolment steps are re-exported here; the producers
 (``attest.tpm_producer``, ``attest.snp_producer``) touch devices and are imported by name.
 """
 
 from attest.binding import snp_report_data, tpm_qualifying_data
 from attest.credential import Challenge, check_activation, make_challenge
+from attest.enrolment import (
+    PendingActivation,
+    answer_challenge,
+    challenge_enrolment,
+    check_answer,
+    open_challenge,
+    open_enrolment,
+)
 from attest.errors import (
     AttestError,
     AttestUsageError,
@@ -40,6 +48,7 @@ __all__ = [
     "EvidenceError",
     "InvalidEvidence",
     "MalformedEvidence",
+    "PendingActivation",
     "PolicyViolation",
     "ProducerError",
     "Product",
@@ -48,12 +57,17 @@ __all__ = [
     "SnpFacts",
     "SnpPolicy",
     "Vcek",
+    "answer_challenge",
     "can_satisfy",
+    "challenge_enrolment",
     "check_activation",
+    "check_answer",
     "check_requirement",
     "load_attestation_key",
     "load_vcek_chain",
     "make_challenge",
+    "open_challenge",
+    "open_enrolment",
     "snp_evidence",
     "snp_report_data",
     "to_record",

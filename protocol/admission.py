@@ -21,7 +21,8 @@ from protocol.errors import InvalidMessage, Reason
 
 __all__ = ["DEFAULT_MAX_LIFETIME_MS", "AdmissionPolicy", "ReplayGuard", "admit"]
 
-_HOUR = 3_600_000
+_MINUTE = 60_000
+_HOUR = 60 * _MINUTE
 DEFAULT_MAX_LIFETIME_MS = MappingProxyType(
     {
         "offer": 24 * _HOUR,
@@ -32,6 +33,10 @@ DEFAULT_MAX_LIFETIME_MS = MappingProxyType(
         "reject": _HOUR,
         "job-status": _HOUR,
         "usage-receipt": 30 * 24 * _HOUR,
+        # TPM enrolment is one live exchange (spec/attestation.md §3.1)
+        "enrolment": 10 * _MINUTE,
+        "activation-challenge": 10 * _MINUTE,
+        "activation-answer": 10 * _MINUTE,
     }
 )
 

@@ -37,6 +37,9 @@ MESSAGE_TYPES: dict[str, type] = {
     "reject": m.Reject,
     "job-status": m.JobStatus,
     "usage-receipt": m.UsageReceipt,
+    "enrolment": m.Enrolment,
+    "activation-challenge": m.ActivationChallenge,
+    "activation-answer": m.ActivationAnswer,
 }
 _TYPE_NAMES = {cls: name for name, cls in MESSAGE_TYPES.items()}
 _DOMAINS = {name: f"cx/{name}/v1".encode() for name in MESSAGE_TYPES}

@@ -8,6 +8,10 @@ Order of a trade: Offer / Bid (gossiped) -> Proposal (buyer to provider, carries
 and the attestation nonce) -> Accept (with evidence and the provider's signature over the
 terms) or Reject -> Agreement (both signatures over the same terms bytes) -> JobStatus
 events -> UsageReceipt (provider-signed) -> CountersignedReceipt (buyer adds its signature).
+
+TPM enrolment, once per buyer and provider before the first TPM quote is trusted
+(spec/attestation.md §3.1): Enrolment (provider) -> ActivationChallenge (buyer) ->
+ActivationAnswer (provider).
 """
 
 from __future__ import annotations
@@ -21,12 +25,15 @@ from protocol.schema import SignedInt
 __all__ = [
     "LOG_PATHS",
     "Accept",
+    "ActivationAnswer",
+    "ActivationChallenge",
     "Arch",
     "Bid",
     "Cancel",
     "Checkpoint",
     "Constraints",
     "DataRef",
+    "Enrolment",
     "Evidence",
     "ExitReason",
     "Gpu",
@@ -353,3 +360,33 @@ class UsageReceipt:
         paths = [log.path for log in self.logs]
         if len(set(paths)) != len(paths) or not set(paths) <= set(LOG_PATHS):
             raise ValueError(f"log paths must be distinct and among {', '.join(LOG_PATHS)}")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Enrolment:
+    """Provider to buyer: the TPM's keys for credential activation (spec/attestation.md
+    §3.1). The buyer checks the EK certificate against its roots and challenges the AK."""
+
+    ek_certificate: bytes  # DER, as the TPM holds it (NV 0x01c00002)
+    ek_public: bytes  # TPM2B_PUBLIC of the EK the certificate names
+    ak_public: bytes  # TPM2B_PUBLIC of the AK that will sign quotes
+    ek_intermediates: tuple[bytes, ...] = ()  # CA certificates (DER or PEM) up to a root
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationChallenge:
+    """Buyer to provider: a secret encrypted to the EK and bound to the AK's Name
+    (TPM2_MakeCredential), in answer to the Enrolment ``enrolment_id`` names."""
+
+    enrolment_id: bytes  # MessageId of the Enrolment
+    credential_blob: bytes  # TPM2B_ID_OBJECT contents
+    encrypted_secret: bytes  # TPM2B_ENCRYPTED_SECRET contents
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class ActivationAnswer:
+    """Provider to buyer: the secret its TPM recovered (TPM2_ActivateCredential). It travels
+    only on the encrypted stream to the buyer that made the challenge."""
+
+    challenge_id: bytes  # MessageId of the ActivationChallenge
+    secret: bytes

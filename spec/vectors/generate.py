@@ -17,6 +17,7 @@ sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
 from tagged import to_json
 
+from attest.enrolment import ENROLMENT_TTL_MS
 from protocol.book import OrderBook
 from protocol.encoding import encode
 from protocol.envelope import (
@@ -26,10 +27,13 @@ from protocol.envelope import (
 from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PrivateKey
 from protocol.messages import (
+    ActivationAnswer,
+    ActivationChallenge,
     Arch,
     Bid,
     Constraints,
     DataRef,
+    Enrolment,
     ExitReason,
     JobSpec,
     Offer,
@@ -163,8 +167,10 @@ def sample_receipt() -> UsageReceipt:
     )
 
 
-def valid_message(key: PrivateKey, name: str, payload: object) -> dict[str, object]:
-    msg = seal(key, payload, nonce=bytes(range(16)), issued_ms=T0, expires_ms=T0 + HOUR)
+def valid_message(
+    key: PrivateKey, name: str, payload: object, ttl_ms: int = HOUR
+) -> dict[str, object]:
+    msg = seal(key, payload, nonce=bytes(range(16)), issued_ms=T0, expires_ms=T0 + ttl_ms)
     return {
         "name": f"valid {name}",
         "valid": True,
@@ -172,15 +178,16 @@ def valid_message(key: PrivateKey, name: str, payload: object) -> dict[str, obje
         "type": msg.type,
         "nonce": bytes(range(16)).hex(),
         "iat": T0,
-        "exp": T0 + HOUR,
+        "exp": T0 + ttl_ms,
         "data": to_json(to_value(payload)),
         "wire": msg.wire.hex(),
         "id": msg.id.hex(),
     }
 
 
-def resigned(key: PrivateKey, type_name: str, data: object) -> bytes:
-    """A body of ``type_name`` with arbitrary ``data``, correctly signed."""
+def resigned(key: PrivateKey, type_name: str, data: object, domain: str = "") -> bytes:
+    """A body of ``type_name`` with arbitrary ``data``, signed under ``domain``'s type
+    (by default its own)."""
     body = {
         "type": type_name,
         "from": key.public_key.raw,
@@ -190,7 +197,7 @@ def resigned(key: PrivateKey, type_name: str, data: object) -> bytes:
         "data": data,
     }
     raw = encode(body)  # type: ignore[arg-type]
-    return key.sign(f"cx/{type_name}/v1".encode(), raw) + raw
+    return key.sign(f"cx/{domain or type_name}/v1".encode(), raw) + raw
 
 
 def revised_messages(key: PrivateKey) -> list[dict[str, object]]:
@@ -208,6 +215,54 @@ def revised_messages(key: PrivateKey) -> list[dict[str, object]]:
                     "logs": [{"digest": "sha256:" + "ef" * 32, "path": "/out/log", "size": 1}],
                 },
             ),
+        ),
+    ]
+    cases += [
+        {"name": n, "valid": False, "wire": w.hex(), "error": reason_of(w, open_signed)}
+        for n, w in invalid
+    ]
+    return cases
+
+
+def enrolment_messages() -> list[dict[str, object]]:
+    """TPM enrolment (attestation.md §3.1), provider bob and buyer alice. The TPM structures
+    are placeholders: these cases pin encoding and signatures, the attestation vectors the
+    TPM side."""
+    provider, buyer = PrivateKey.from_seed(seed("bob")), PrivateKey.from_seed(seed("alice"))
+    ttl = ENROLMENT_TTL_MS
+
+    def blob(label: str, size: int = 48) -> bytes:
+        return hashlib.shake_256(label.encode()).digest(size)
+
+    enrolment = Enrolment(
+        ek_certificate=blob("EK certificate (DER)", 96),
+        ek_public=blob("EK TPM2B_PUBLIC"),
+        ak_public=blob("AK TPM2B_PUBLIC"),
+        ek_intermediates=(blob("intermediate CA (DER)", 64),),
+    )
+    enrolment_id = seal(
+        provider, enrolment, nonce=bytes(range(16)), issued_ms=T0, expires_ms=T0 + ttl
+    ).id
+    challenge = ActivationChallenge(
+        enrolment_id=enrolment_id,
+        credential_blob=blob("TPM2B_ID_OBJECT"),
+        encrypted_secret=blob("TPM2B_ENCRYPTED_SECRET"),
+    )
+    challenge_id = seal(
+        buyer, challenge, nonce=bytes(range(16)), issued_ms=T0, expires_ms=T0 + ttl
+    ).id
+    answer = ActivationAnswer(challenge_id=challenge_id, secret=blob("secret", 16))
+    cases = [
+        valid_message(provider, "enrolment", enrolment, ttl),
+        valid_message(buyer, "activation-challenge", challenge, ttl),
+        valid_message(provider, "activation-answer", answer, ttl),
+    ]
+    without_ak = {k: v for k, v in to_value(enrolment).items() if k != "ak_public"}
+    invalid = [
+        ("enrolment without ak_public", resigned(provider, "enrolment", without_ak)),
+        (
+            "activation answer under the enrolment's domain",
+            resigned(provider, "activation-answer", to_value(answer), domain="enrolment"),
         ),
     ]
     cases += [
@@ -277,6 +332,7 @@ def messages() -> None:
         for n, w in invalid
     ]
     cases += revised_messages(key)
+    cases += enrolment_messages()
     write("messages", "messages", "spec/messages.md#test-vectors", cases)
 
 
