@@ -119,6 +119,7 @@ class Executor:
         self.config = config
         self.store = BlobStore(config.store_root)
         self.rootfs = RootfsCache(self.store)
+        self._unpacking = trio.Lock()  # one unpack at a time: concurrent jobs share it
         self.jobs_dir = config.work_root / "jobs"
         self.jobs_dir.mkdir(parents=True, exist_ok=True)
         config.work_root.chmod(0o711)
@@ -279,10 +280,11 @@ class Executor:
         gpus: list[GpuDevice],
         say: Callable[[str], None],
     ) -> Path:
-        lower = self.rootfs.path(spec.image)
-        if lower is None:
-            say(f"unpacking image {spec.image[:19]}")
-            lower = await trio.to_thread.run_sync(self.rootfs.unpack, spec.image)
+        async with self._unpacking:
+            lower = self.rootfs.path(spec.image)
+            if lower is None:
+                say(f"unpacking image {spec.image[:19]}")
+                lower = await trio.to_thread.run_sync(self.rootfs.unpack, spec.image)
         img = image_config(self.store, spec.image)
         for sub in ("root", "upper", "work", "out", "logs"):
             (job / sub).mkdir()

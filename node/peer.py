@@ -80,6 +80,13 @@ class Peer:
     def db(self) -> Database:
         return self._market.db
 
+    async def join(self, addr: str) -> str:
+        """Connect to the peer at ``addr`` and take its addresses and book; its peer id."""
+        try:
+            return await self._market.join(addr)
+        except NetworkError as exc:
+            raise ApiError(502, "unreachable", f"{addr}: {exc}") from exc
+
     # -- the controller: what `cx` and other tools ask of a node -----------------------
 
     def node_info(self) -> dict[str, Any]:
@@ -162,11 +169,14 @@ class Peer:
                 f"{e.matching} of {e.offers} offers fit; negotiation is under way or they refused"
             )
         else:
-            best = "none" if e.best_quote is None else str(e.best_quote)
-            text = (
-                f"none of {e.offers} offers fits: {', '.join(excluded)}; cheapest offer that fits "
-                f"all but price would cost {best} against the bid's limit of {e.budget}"
-            )
+            text = f"none of {e.offers} offers fits: {', '.join(excluded)}; "
+            if e.best_quote is None:
+                text += "no offer passes the other constraints"
+            else:
+                text += (
+                    f"the cheapest offer that passes the others would cost up to "
+                    f"{_credits(e.best_quote)} credits, the bid allows {_credits(e.budget)}"
+                )
         return {
             "bid_id": job.bid_id.hex() if job.bid_id else None,
             "state": job.state,
@@ -289,6 +299,10 @@ class Peer:
         return {"balance": balance, "entries": entries}
 
 
+def _credits(micro: int) -> str:
+    return f"{micro / 1_000_000:.6f}".rstrip("0").rstrip(".")
+
+
 def _offer_view(offer: Any, offer_id: MessageId) -> dict[str, Any]:  # noqa: ANN401
     return {
         "id": offer_id.hex(),
@@ -343,7 +357,8 @@ async def serve_peer(
     for entry, _ in db.ledger():
         trader.ledger.record(entry)
     try:
-        async with trio.open_nursery() as nursery, contextlib.AsyncExitStack() as stack:
+        # The exit stack outlives the nursery: the TPM stays open while any task may use it.
+        async with contextlib.AsyncExitStack() as stack, trio.open_nursery() as nursery:
             net: Network = (
                 network if network is not None else await nursery.start(_libp2p, key, config)
             )

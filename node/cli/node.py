@@ -1,0 +1,191 @@
+"""``cx init`` (make a home: key and config) and ``cx node`` (run the node of a home)."""
+
+from __future__ import annotations
+
+import argparse
+import logging
+import signal
+import sys
+from typing import Any
+
+import trio
+
+from node.cli.common import add_common, cpu, parse_credits, print_json, size_bytes
+from node.home import DEFAULT_LISTEN, Home, HomeError, NodeConfig, ProviderConfig, init_home
+from node.image import host_arch
+from protocol.messages import Arch, Prices, Resources
+
+GIB = 1 << 30
+
+
+def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
+    init = commands.add_parser(
+        "init",
+        help="create a node's home: key, config, state directories",
+        description=(
+            "Create the home directory of a node: a fresh Ed25519 key (its peer id) and "
+            "config.toml. A buyer needs no options; --provider also sells capacity."
+        ),
+        epilog=(
+            "examples:\n"
+            "  cx init\n"
+            "  cx init --provider --cpu 4 --memory 8G --price 0.09 --region eu\n"
+            "  cx init --home /tmp/b --bootstrap /ip4/127.0.0.1/tcp/4001/p2p/12D3Koo..."
+        ),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
+    add_common(init, json_help="print the new node's identity as JSON")
+    init.add_argument(
+        "--force", action="store_true", help="rewrite an existing config (the key stays)"
+    )
+    net = init.add_argument_group("network")
+    net.add_argument(
+        "--listen",
+        action="append",
+        metavar="MULTIADDR",
+        help="listen address (default /ip4/127.0.0.1/tcp/0)",
+    )
+    net.add_argument(
+        "--bootstrap",
+        action="append",
+        default=[],
+        metavar="MULTIADDR",
+        help="peer to join at start (repeatable; ends in /p2p/<id>)",
+    )
+    net.add_argument("--dht", action="store_true", help="run a Kademlia DHT for discovery")
+    net.add_argument(
+        "--mdns",
+        action="store_true",
+        help="discover peers on the local network (binds every interface)",
+    )
+    net.add_argument(
+        "--api-port",
+        type=int,
+        default=0,
+        help="control API port on 127.0.0.1 (default: any free port)",
+    )
+    net.add_argument(
+        "--ek-root",
+        action="append",
+        default=[],
+        metavar="PEM",
+        help="TPM EK CA certificate this buyer trusts (repeatable)",
+    )
+    sell = init.add_argument_group("provider")
+    sell.add_argument("--provider", action="store_true", help="offer this machine's capacity")
+    sell.add_argument("--cpu", type=cpu, default=2000, help="cores to sell (default 2)")
+    sell.add_argument(
+        "--memory", type=size_bytes, default=2 * GIB, help="memory to sell (default 2G)"
+    )
+    sell.add_argument("--disk", type=size_bytes, default=4 * GIB, help="disk to sell (default 4G)")
+    sell.add_argument(
+        "--price",
+        type=parse_credits,
+        default=90_000_000,
+        help="credits per core-hour of CPU (default 90)",
+    )
+    sell.add_argument(
+        "--memory-price",
+        type=parse_credits,
+        default=9_000_000,
+        help="credits per GiB-hour of memory (default 9)",
+    )
+    sell.add_argument("--region", default="", help="region label buyers can ask for")
+    sell.add_argument(
+        "--arch",
+        choices=[a.value for a in Arch],
+        default=host_arch(),
+        help="architecture (default: this machine's)",
+    )
+    sell.add_argument(
+        "--tpm",
+        action="store_true",
+        help="attest with a TPM (a software TPM under the home unless --tcti)",
+    )
+    sell.add_argument("--tcti", help="TPM to use, e.g. device:/dev/tpmrm0")
+    init.set_defaults(run=_init)
+
+    node = commands.add_parser(
+        "node",
+        help="run the node of a home until interrupted",
+        description=(
+            "Run a node: join the network, keep the order book, trade as buyer (and as "
+            "provider if the home offers capacity), and serve the control API on 127.0.0.1 "
+            "for the other commands. Stop it with Ctrl-C or SIGTERM."
+        ),
+    )
+    add_common(node)
+    node.add_argument(
+        "--bootstrap", action="append", default=[], metavar="MULTIADDR", help="also join this peer"
+    )
+    node.set_defaults(run=_node)
+
+
+def _init(args: argparse.Namespace) -> int:
+    provider = None
+    if args.provider:
+        provider = ProviderConfig(
+            capacity=Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk),
+            prices=Prices(cpu_core_hour=args.price, memory_gib_hour=args.memory_price),
+            arch=Arch(args.arch),
+            region=args.region,
+            tpm=args.tpm or args.tcti is not None,
+            tcti=args.tcti,
+        )
+    config = NodeConfig(
+        listen=tuple(args.listen or DEFAULT_LISTEN),
+        bootstrap=tuple(args.bootstrap),
+        dht=args.dht,
+        mdns=args.mdns,
+        api_port=args.api_port,
+        ek_roots=tuple(str(p) for p in args.ek_root),
+        provider=provider,
+    )
+    try:
+        home = init_home(args.home.expanduser(), config, force=args.force)
+        peer_id = home.key().peer_id
+    except HomeError as exc:
+        print(f"cx init: {exc}", file=sys.stderr)
+        return 1
+    if args.json:
+        print_json({"home": str(home.root), "peer_id": peer_id, "provider": provider is not None})
+    else:
+        role = "provider and buyer" if provider else "buyer"
+        print(f"initialised {home.root} as {role}; peer id {peer_id}")
+        print(f"start it with: cx node --home {home.root}")
+    return 0
+
+
+def _node(args: argparse.Namespace) -> int:
+    logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    home = Home(args.home.expanduser())
+    try:
+        trio.run(_serve, home, tuple(args.bootstrap))
+    except HomeError as exc:
+        print(f"cx node: {exc}", file=sys.stderr)
+        return 1
+    return 0
+
+
+async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:
+    from node.api import clear_api_info  # imported here: keeps `cx --help` fast
+    from node.peer import serve_peer
+
+    async with trio.open_nursery() as nursery:
+        peer = await nursery.start(serve_peer, home)
+        for addr in bootstrap:
+            await peer.join(addr)
+        info = peer.node_info()
+        role = "provider" if info["provider"] else "buyer"
+        print(
+            f"cx node {info['peer_id']} ({role}) listening on {', '.join(info['addrs'])}",
+            flush=True,
+        )
+        try:
+            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+                async for _ in signals:
+                    print("stopping", flush=True)
+                    break
+        finally:
+            clear_api_info(home.root)
+            nursery.cancel_scope.cancel()

@@ -1,0 +1,129 @@
+"""``cx testnet``: run a local testnet of node processes through a demo workload."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from node.cli.common import credits, print_json, table
+from node.testnet import Testnet, Verdict
+
+EXIT_LOST = 1
+
+
+def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
+    parser = commands.add_parser(
+        "testnet",
+        help="run N providers and M buyers as processes on loopback through a demo workload",
+        description=(
+            "Start providers and buyers as separate `cx node` processes on loopback, each "
+            "with its own home, key, SQLite and (for the first provider) software TPM; "
+            "submit a workload of real container jobs with mixed resources, prices and "
+            "trust levels; show progress and a final table of jobs, where they ran, what "
+            "they cost and the ledgers. Exits 1 if anything was lost: a job that did not "
+            "reach its expected outcome, a receipt missing from a ledger, or balances that "
+            "do not sum to zero. Needs root (containers with cgroup limits)."
+        ),
+    )
+    parser.add_argument("--providers", type=int, default=3, help="provider nodes (default 3)")
+    parser.add_argument("--buyers", type=int, default=2, help="buyer nodes (default 2)")
+    parser.add_argument(
+        "--no-tpm", action="store_true", help="no software TPM (skips the attested job)"
+    )
+    parser.add_argument(
+        "--timeout", type=float, default=120.0, help="seconds to wait for the workload"
+    )
+    parser.add_argument("--work", type=Path, help="keep the nodes' homes and logs here")
+    parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
+    parser.set_defaults(run=_run)
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.providers < 1 or args.buyers < 1:
+        print("cx testnet: needs at least one provider and one buyer", file=sys.stderr)
+        return 2
+    started = time.monotonic()
+
+    def say(line: str) -> None:
+        if not args.json:
+            print(line, file=sys.stderr, flush=True)
+
+    net = Testnet(args.providers, args.buyers, work=args.work, tpm=False if args.no_tpm else None)
+    seen: dict[str, str] = {}
+
+    def progress(views: list[dict[str, Any]]) -> None:
+        for v in views:
+            if seen.get(v["plan"]) != v["state"]:
+                seen[v["plan"]] = v["state"]
+                where = f" on {v['provider_name']}" if v["provider_name"] != "-" else ""
+                say(f"{time.monotonic() - started:6.1f}s  {v['plan']:<10} {v['state']}{where}")
+
+    try:
+        net.start(progress=say)
+        up = f"{len(net.nodes)} nodes up; every buyer sees every offer"
+        say(f"{time.monotonic() - started:6.1f}s  {up}")
+        verdict = net.run(timeout_s=args.timeout, progress=progress)
+    except (RuntimeError, OSError) as exc:
+        print(f"cx testnet: {exc}", file=sys.stderr)
+        return EXIT_LOST
+    finally:
+        net.stop()
+    if args.json:
+        print_json(
+            {
+                "ok": verdict.ok,
+                "problems": verdict.problems,
+                "jobs": verdict.jobs,
+                "ledgers": verdict.ledgers,
+            }
+        )
+    else:
+        print(render(verdict, time.monotonic() - started))
+    return 0 if verdict.ok else EXIT_LOST
+
+
+def render(verdict: Verdict, elapsed_s: float) -> str:
+    jobs = table(
+        ("JOB", "BUYER", "PROVIDER", "STATE", "EXIT", "PAID", "EXPECTED"),
+        [
+            (
+                v["plan"],
+                v["buyer"],
+                v["provider_name"],
+                v["state"],
+                v["exit_reason"] or "-",
+                credits(v["cost"]) if v["cost"] is not None else "-",
+                v["expect"],
+            )
+            for v in verdict.jobs
+        ],
+        right=(5,),
+    )
+    ledgers = table(
+        ("NODE", "RECEIPTS", "BALANCE"),
+        [
+            (name, str(len(ledger["entries"])), credits(ledger["balance"]))
+            for name, ledger in verdict.ledgers.items()
+        ],
+        right=(1, 2),
+    )
+    total = sum(ledger["balance"] for ledger in verdict.ledgers.values())
+    lines = [jobs, ""]
+    lines += [f"  {v['plan']}: {v['why']}" for v in verdict.jobs if v.get("why")]
+    lines += [
+        "",
+        ledgers,
+        f"balances sum to {credits(total)} across {len(verdict.ledgers)} nodes",
+        "",
+    ]
+    if verdict.ok:
+        lines.append(
+            "OK: every job reached its expected outcome and both sides of every receipt "
+            f"agree ({elapsed_s:.1f} s)"
+        )
+    else:
+        lines += ["LOST:", *(f"  - {p}" for p in verdict.problems)]
+    return "\n".join(lines)

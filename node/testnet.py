@@ -1,0 +1,368 @@
+"""A local testnet: N providers and M buyers as separate ``cx node`` processes on loopback.
+
+Each node has its own home (key, config, SQLite, store) and, for a provider that attests,
+its own swtpm; the software TPMs' EK certificates come from one local CA the buyers trust.
+The first provider is everyone's bootstrap peer; the rest find each other by hello.
+:class:`Testnet` drives them through the same control API the CLI uses, so a test can
+kill a node (``kill -9``) mid-job and restart it on its home, and ``cx testnet`` runs
+:data:`WORKLOAD` and checks that nothing was lost: every job reached the outcome it should,
+every receipt is in both ledgers, and the balances sum to zero.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from node import swtpm
+from node.client import ApiClient, ClientError
+from node.home import Home, NodeConfig, ProviderConfig, init_home
+from node.image import build_rootfs, host_arch, import_image
+from node.store import BlobStore
+from protocol.messages import Arch, Prices, Resources
+
+__all__ = ["WORKLOAD", "JobPlan", "Node", "Testnet", "Verdict"]
+
+log = logging.getLogger(__name__)
+
+MIB = 1 << 20
+GIB = 1 << 30
+START_TIMEOUT_S = 30.0
+POLL_S = 0.1
+TERMINAL = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
+
+
+@dataclass(frozen=True, slots=True)
+class JobPlan:
+    """One job of the demo workload and the outcome it must reach."""
+
+    name: str
+    buyer: int  # index of the buyer that submits it
+    command: str
+    expect: str  # "succeeded", "failed" or "unmatched" (it must not match: its bid waits)
+    cpu_milli: int = 500
+    memory_bytes: int = 128 * MIB
+    max_cpu_price: int = 120_000_000
+    regions: tuple[str, ...] = ()
+    arch: str | None = None
+    trust: str = "none"
+
+
+WORKLOAD: tuple[JobPlan, ...] = (
+    JobPlan("hello", 0, "echo hello > /out/hello.txt", "succeeded"),
+    JobPlan("checksum", 1, "seq 1 200000 | md5sum > /out/sum", "succeeded"),
+    JobPlan("eu-only", 0, "uname -a > /out/uname", "succeeded", regions=("eu",)),
+    JobPlan(
+        "busy-loop",
+        1,
+        "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo $i > /out/count",
+        "succeeded",
+        cpu_milli=1000,
+    ),
+    JobPlan("attested", 0, "echo measured > /out/attested", "succeeded", trust="tpm"),
+    JobPlan("fails", 1, "echo oops >&2; exit 3", "failed"),
+    JobPlan("too-cheap", 0, "true", "unmatched", max_cpu_price=10_000_000),
+    JobPlan("needs-arm", 1, "true", "unmatched", arch="arm64"),
+)
+
+_PROVIDERS = (  # region, CPU price per core-hour (micro-credits)
+    ("eu", 90_000_000),
+    ("us", 70_000_000),
+    ("ap", 110_000_000),
+    ("eu", 95_000_000),
+    ("us", 85_000_000),
+)
+
+
+@dataclass(slots=True)
+class Node:
+    name: str
+    home: Home
+    provider: bool
+    process: subprocess.Popen[bytes] | None = None
+    client: ApiClient | None = None
+    peer_id: str = ""
+    addr: str = ""
+
+    def api(self) -> ApiClient:
+        if self.client is None:
+            raise ClientError(f"{self.name} is not running")
+        return self.client
+
+
+@dataclass(slots=True)
+class Verdict:
+    """What ``cx testnet`` found at the end."""
+
+    jobs: list[dict[str, Any]] = field(default_factory=list)  # plan name, buyer, job view
+    ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)  # node name -> ledger
+    problems: list[str] = field(default_factory=list)
+
+    @property
+    def ok(self) -> bool:
+        return not self.problems
+
+
+class Testnet:
+    def __init__(
+        self,
+        providers: int = 3,
+        buyers: int = 2,
+        *,
+        work: Path | None = None,
+        tpm: bool | None = None,
+    ) -> None:
+        """``tpm``: give the first provider a swtpm (None: when swtpm is installed)."""
+        self.owned = work is None
+        self.root = Path(tempfile.mkdtemp(prefix="cx-testnet-")) if work is None else work
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.root.chmod(0o711)  # containers run under a mapped uid and traverse the homes
+        self.tpm = shutil.which("swtpm") is not None if tpm is None else tpm
+        self.nodes: list[Node] = []
+        self.provider_count = providers
+        self.buyer_count = buyers
+        self.image = ""
+
+    @property
+    def providers(self) -> list[Node]:
+        return [n for n in self.nodes if n.provider]
+
+    @property
+    def buyers(self) -> list[Node]:
+        return [n for n in self.nodes if not n.provider]
+
+    # -- life cycle --------------------------------------------------------------------
+
+    def start(self, progress: Callable[[str], None] = lambda _: None) -> None:
+        """Create every home, start every node and wait until each buyer sees every offer."""
+        ca = self.root / "tpm-ca"
+        roots = (str(ca / "swtpm-localca-rootca-cert.pem"),) if self.tpm else ()
+        for i in range(self.provider_count):
+            region, price = _PROVIDERS[i % len(_PROVIDERS)]
+            attests = self.tpm and i == 0
+            node = self._make(
+                f"prov-{region}{i // len(_PROVIDERS) or ''}",
+                roots,
+                provider=ProviderConfig(
+                    capacity=Resources(cpu_milli=2000, memory_bytes=2 * GIB, disk_bytes=4 * GIB),
+                    prices=Prices(cpu_core_hour=price, memory_gib_hour=9_000_000),
+                    arch=Arch(host_arch()),
+                    region=region,
+                    tpm=attests,
+                ),
+            )
+            if attests:
+                progress(f"manufacturing a software TPM for {node.name}")
+                (node.home.tpm_dir).mkdir(parents=True)
+                ca.mkdir(exist_ok=True)
+                (node.home.tpm_dir / "ca").symlink_to(ca)  # one EK CA for the whole testnet
+                swtpm.manufacture(node.home.tpm_dir)
+        for i in range(self.buyer_count):
+            self._make(f"buyer-{chr(ord('a') + i)}", roots, provider=None)
+        layout = self.root / "image"
+        build_rootfs(layout)
+        for node in self.buyers:
+            self.image = import_image(BlobStore(node.home.store_root), layout).manifest
+        first, *rest = self.nodes
+        progress(f"starting {len(self.nodes)} nodes")
+        self.launch(first)
+        for node in rest:
+            self._bootstrap(node, first.addr)
+            self.launch(node, wait=False)
+        for node in rest:
+            self._await_api(node)
+        self.await_offers(len(self.providers))
+
+    def _make(self, name: str, roots: tuple[str, ...], provider: ProviderConfig | None) -> Node:
+        home = init_home(self.root / name, NodeConfig(ek_roots=roots, provider=provider))
+        node = Node(name, home, provider is not None)
+        self.nodes.append(node)
+        return node
+
+    def _bootstrap(self, node: Node, addr: str) -> None:
+        node.home.save_config(dataclasses.replace(node.home.config(), bootstrap=(addr,)))
+
+    def launch(self, node: Node, *, wait: bool = True) -> None:
+        """Start ``node``'s process on its home (again, after :meth:`kill`)."""
+        (node.home.root / "api.json").unlink(missing_ok=True)
+        log_file = open(node.home.root / "node.log", "ab")  # noqa: SIM115 - the child keeps it
+        node.process = subprocess.Popen(
+            [sys.executable, "-m", "node.cli", "node", "--home", str(node.home.root)],
+            stdout=log_file,
+            stderr=subprocess.STDOUT,
+            start_new_session=True,  # a terminal's Ctrl-C goes to cx testnet, which stops them
+        )
+        log_file.close()
+        if wait:
+            self._await_api(node)
+
+    def _await_api(self, node: Node) -> None:
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while True:
+            assert node.process is not None
+            if node.process.poll() is not None:
+                log_path = node.home.root / "node.log"
+                code = node.process.returncode
+                raise RuntimeError(f"{node.name} exited with {code}; see {log_path}")
+            with contextlib.suppress(ClientError, OSError):
+                client = ApiClient.from_home(node.home.root, timeout_s=10.0)
+                info = client.node_info()
+                node.client, node.peer_id, node.addr = client, info["peer_id"], info["addrs"][0]
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(
+                    f"{node.name} did not start within {START_TIMEOUT_S:.0f} s; see its node.log"
+                )
+            time.sleep(POLL_S)
+
+    def await_offers(self, count: int, timeout_s: float = START_TIMEOUT_S) -> None:
+        """Wait until every running buyer's book holds ``count`` offers."""
+        deadline = time.monotonic() + timeout_s
+        for node in self.buyers:
+            while node.client is not None and node.api().market()["offers"] < count:
+                if time.monotonic() > deadline:
+                    raise RuntimeError(
+                        f"{node.name} sees {node.api().market()['offers']} of {count} offers"
+                    )
+                time.sleep(POLL_S)
+
+    def kill(self, node: Node) -> None:
+        """``kill -9`` the node's process."""
+        if node.process is not None and node.process.poll() is None:
+            node.process.send_signal(signal.SIGKILL)
+            node.process.wait()
+        node.client = None
+
+    def stop(self) -> None:
+        """Stop every node (SIGTERM, then SIGKILL after 10 s); remove a temporary root."""
+        for node in self.nodes:
+            if node.process is not None and node.process.poll() is None:
+                node.process.send_signal(signal.SIGTERM)
+        for node in self.nodes:
+            if node.process is not None:
+                try:
+                    node.process.wait(timeout=10)
+                except subprocess.TimeoutExpired:
+                    self.kill(node)
+            node.client = None
+        if self.owned:
+            shutil.rmtree(self.root, ignore_errors=True)
+
+    def __enter__(self) -> Testnet:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    # -- jobs --------------------------------------------------------------------------
+
+    def submit(self, plan: JobPlan) -> str:
+        buyer = self.buyers[plan.buyer % len(self.buyers)]
+        job = buyer.api().submit(
+            {
+                "image": self.image,
+                "command": ["sh", "-c", plan.command],
+                "cpu_milli": plan.cpu_milli,
+                "memory_bytes": plan.memory_bytes,
+                "wall_ms": 120_000,
+                "max_prices": {"cpu_core_hour": plan.max_cpu_price, "memory_gib_hour": 10_000_000},
+                "regions": list(plan.regions),
+                "arch": plan.arch,
+                "trust": plan.trust,
+                "name": plan.name,
+            }
+        )
+        return str(job["id"])
+
+    def run(
+        self,
+        workload: tuple[JobPlan, ...] = WORKLOAD,
+        *,
+        timeout_s: float = 120.0,
+        progress: Callable[[list[dict[str, Any]]], None] = lambda _: None,
+    ) -> Verdict:
+        """Submit ``workload``, follow it to the end, and check everything that must hold."""
+        plans = [p for p in workload if self.tpm or p.trust == "none"]
+        ids = [self.submit(p) for p in plans]
+        deadline = time.monotonic() + timeout_s
+        while True:
+            views = [self._view(p, i) for p, i in zip(plans, ids, strict=True)]
+            progress(views)
+            if all(_settled(v) for v in views) or time.monotonic() > deadline:
+                break
+            time.sleep(POLL_S * 2)
+        verdict = Verdict(jobs=views)
+        for view in views:
+            if view["expect"] == "unmatched":
+                buyer = self.buyers[view["plan_buyer"]]
+                view["why"] = buyer.api().why(view["id"])["explanation"]
+                with contextlib.suppress(ClientError):
+                    buyer.api().cancel(view["id"])
+        self.check(verdict)
+        return verdict
+
+    def _view(self, plan: JobPlan, job_id: str) -> dict[str, Any]:
+        buyer_index = plan.buyer % len(self.buyers)
+        view = dict(self.buyers[buyer_index].api().job(job_id))
+        view.update(plan=plan.name, expect=plan.expect, plan_buyer=buyer_index)
+        view["buyer"] = self.buyers[buyer_index].name
+        view["provider_name"] = self.name_of(view.get("provider"))
+        return view
+
+    def name_of(self, peer_id: str | None) -> str:
+        return next((n.name for n in self.nodes if peer_id and n.peer_id == peer_id), "-")
+
+    def check(self, verdict: Verdict) -> None:
+        """Outcomes as planned; each receipt in both ledgers; balances that sum to zero."""
+        for view in verdict.jobs:
+            want, got = view["expect"], view["state"]
+            if want == "unmatched" and got not in ("waiting", "cancelled"):
+                verdict.problems.append(f"{view['plan']} should not have matched but is {got}")
+            elif want != "unmatched" and got != want:
+                verdict.problems.append(
+                    f"{view['plan']} is {got}, expected {want}: {view['detail']}"
+                )
+        verdict.ledgers = {n.name: n.api().ledger() for n in self.nodes if n.client is not None}
+        by_peer = {n.peer_id: n.name for n in self.nodes}
+        held: dict[str, dict[str, tuple[Any, ...]]] = {}
+        for name, ledger in verdict.ledgers.items():
+            for e in ledger["entries"]:
+                held.setdefault(e["agreement_id"], {})[name] = (e["payer"], e["payee"], e["amount"])
+        for agreement, holders in held.items():
+            entry = next(iter(holders.values()))
+            parties = {by_peer.get(entry[0]), by_peer.get(entry[1])}
+            if set(holders) != parties or len(set(holders.values())) != 1:
+                names = sorted(filter(None, parties))
+                verdict.problems.append(f"receipt {agreement[:16]} is not held alike by {names}")
+        total = sum(ledger["balance"] for ledger in verdict.ledgers.values())
+        if total != 0:
+            verdict.problems.append(f"balances sum to {total}, not zero")
+
+
+def _settled(view: dict[str, Any]) -> bool:
+    """Done with, for the demo: ended, or (for a bid meant not to match) still waiting."""
+    return view["state"] in TERMINAL or (
+        view["expect"] == "unmatched" and view["state"] == "waiting"
+    )
+
+
+@contextlib.contextmanager
+def running(providers: int = 3, buyers: int = 2, **options: Any) -> Iterator[Testnet]:  # noqa: ANN401
+    """A started testnet, stopped (and its temporary root removed) on exit."""
+    net = Testnet(providers, buyers, **options)
+    try:
+        net.start()
+        yield net
+    finally:
+        net.stop()
