@@ -57,6 +57,7 @@ BID_TTL_MS = 3_600_000
 NEGOTIATION_TIMEOUT_S = 30.0  # covers a TPM quote, or a preemption's grace period
 HEARTBEAT_S = 1.0
 MISSED_HEARTBEATS = 3
+MAX_ATTEMPTS = 5  # agreements per job before the buyer stops bidding for it again
 FETCH_TIMEOUT_S = 300.0
 _RETRY = frozenset({ExitReason.PREEMPTED, ExitReason.PROVIDER_FAULT})
 
@@ -154,6 +155,9 @@ class Buyer:
                 match = next(iter(self.trader.next_match(bid_id, now_ms=now_ms())), None)
             if job_id is not None:
                 self._event(job_id, "waiting", "no provider agreed yet; the bid waits for offers")
+        except Exception:
+            # Top of a per-bid task: the node keeps serving; the bid rests for new offers.
+            log.exception("negotiation for bid %s failed", bid_id.hex()[:16])
         finally:
             self._negotiating.discard(bid_id)
 
@@ -292,12 +296,17 @@ class Buyer:
         self._followed[agreement.id].set()
         row = self.db.agreement(agreement.id)
         if row is not None and row.job_id is not None:
+            # no longer the job's attempt: a receipt that still comes for it is a late one
+            self.db.update_job(row.job_id, agreement_id=None)
             self._event(row.job_id, "provider-fault", why)
             await self._bid_again(row.job_id, checkpoint=None)
 
     async def _bid_again(self, job_id: str, checkpoint: str | None) -> None:
         """Bid for the job again after a fault or preemption, resuming from ``checkpoint``."""
         job = self._row(job_id)
+        if job.attempts >= MAX_ATTEMPTS:
+            self._event(job_id, "error", f"gave up after {job.attempts} attempts; see `cx jobs`")
+            return
         bid = bid_from_request(job.request)
         if checkpoint is not None:
             bid = dataclasses.replace(
@@ -323,7 +332,7 @@ class Buyer:
         try:
             message: Signed[Any] = open_signed(frame)
             if isinstance(message.payload, JobStatus):
-                self._status(frame)
+                self._status(frame, message.payload)
                 answer = control(ok=True)
             elif isinstance(message.payload, UsageReceipt):
                 answer = await self._receipt(frame, message, raw.remote_peer)
@@ -336,7 +345,10 @@ class Buyer:
             answer = control(error="outputs-unavailable", detail=str(exc))
         await stream.send_frame(answer)
 
-    def _status(self, wire: bytes) -> None:
+    def _status(self, wire: bytes, payload: JobStatus) -> None:
+        job = self.trader.jobs.get(payload.agreement_id)
+        if job is not None and job.state is JobState.PROVIDER_FAULT:
+            return  # we gave up on this provider; only its (zero) receipt still matters
         try:
             status = self.trader.receive_status(wire, now_ms=now_ms())
         except ProtocolError as exc:
@@ -385,9 +397,7 @@ class Buyer:
     def _current(self, job_id: str, agreement_id: bytes) -> bool:
         """Is this agreement still the job's live attempt (not one abandoned before)?"""
         job = self.db.job(job_id)
-        return (
-            job is not None and job.agreement_id == agreement_id and job.state != "provider-fault"
-        )
+        return job is not None and job.agreement_id == agreement_id
 
     def _record_outcome(self, job_id: str, receipt: UsageReceipt) -> None:
         job = self._row(job_id)

@@ -16,6 +16,7 @@ buyer bids for it elsewhere.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -201,6 +202,10 @@ class Provider:
             )
             return rejection
 
+        if self.offer is None or terms.offer_id != self.offer.id:
+            # An offer we replaced can still rest in our own book: after a restart, book
+            # syncs hand it back to us. Its capacity is the current offer's; never sell it twice.
+            return reject(RejectReason.UNKNOWN_ORDER, "that offer was replaced by a newer one")
         level = terms.trust.level
         if level is TrustLevel.SEV_SNP or (level is TrustLevel.TPM and self.attestor is None):
             return reject(RejectReason.TRUST_UNAVAILABLE, f"this provider cannot attest {level}")
@@ -246,31 +251,38 @@ class Provider:
     # -- running a job -----------------------------------------------------------------
 
     async def _run_job(self, agreement: Agreement) -> None:
-        terms = agreement.terms
-        buyer = PublicKey(terms.buyer).peer_id
         running = _Running(agreement, agreement.id.hex()[:16])
         self._running[agreement.id] = running
         try:
-            self._tell(agreement, JobState.TRANSFERRING, "fetching the image and inputs")
-            try:
-                with trio.fail_after(FETCH_TIMEOUT_S):
-                    await self._fetch(terms, buyer)
-            except (transfer.TransferError, NetworkError, trio.TooSlowError) as exc:
-                self._fault(agreement, f"could not fetch the job's content: {exc}")
-                return
-            self.db.mark_started(agreement.id, now_ms())
-            self._tell(agreement, JobState.RUNNING, "container started")
-            try:
-                result = await self.executor.run_job(
-                    terms.job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
-                )
-            except CapacityExceeded as exc:
-                self._fault(agreement, str(exc))
-                return
-            self._receipt(agreement, result)
+            await self._run(agreement, running)
+        except Exception as exc:
+            # Top of a per-job task: the node keeps serving, and the buyer hears of it.
+            log.exception("job %s failed inside the provider", running.job_id)
+            with contextlib.suppress(ProtocolError):
+                self._fault(agreement, f"internal error: {exc}")
         finally:
             running.done.set()
             del self._running[agreement.id]
+
+    async def _run(self, agreement: Agreement, running: _Running) -> None:
+        terms = agreement.terms
+        self._tell(agreement, JobState.TRANSFERRING, "fetching the image and inputs")
+        try:
+            with trio.fail_after(FETCH_TIMEOUT_S):
+                await self._fetch(terms, PublicKey(terms.buyer).peer_id)
+        except (transfer.TransferError, NetworkError, trio.TooSlowError) as exc:
+            self._fault(agreement, f"could not fetch the job's content: {exc}")
+            return
+        self.db.mark_started(agreement.id, now_ms())
+        self._tell(agreement, JobState.RUNNING, "container started")
+        try:
+            result = await self.executor.run_job(
+                terms.job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
+            )
+        except CapacityExceeded as exc:
+            self._fault(agreement, str(exc))
+            return
+        self._receipt(agreement, result)
 
     async def _fetch(self, terms: Terms, buyer: PeerId) -> None:
         net, store = self.market.net, self.market.store
@@ -313,6 +325,7 @@ class Provider:
 
     def _fault(self, agreement: Agreement, why: str) -> None:
         log.warning("job %s: provider fault: %s", agreement.id.hex()[:16], why)
+        self._tell(agreement, JobState.PROVIDER_FAULT, why)  # the receipt cannot say why
         self._issue(
             agreement,
             usage=Usage(wall_ms=0, cpu_us=0),

@@ -42,6 +42,9 @@ class RuntimeFault(Exception):
 class Runtime:
     name: str  # "crun" or "runc"
     binary: str
+    # This executor's own container state (``--root``): a provider lists and cleans up only
+    # its own containers, never those of another node on the same machine.
+    state_root: Path
     hide_unified: Path | None = None  # empty file to bind over cgroup.controllers (hybrid)
 
     def describe(self) -> str:
@@ -68,7 +71,7 @@ class Runtime:
         capture = stderr is None
         where = {"capture_stderr": True} if capture else {"stderr": stderr}
         proc = await trio.run_process(
-            [self.binary, *args],
+            [self.binary, "--root", str(self.state_root), *args],
             stdin=subprocess.DEVNULL,
             stdout=stdout if stdout is not None else subprocess.DEVNULL,
             check=False,
@@ -101,7 +104,7 @@ class Runtime:
 
     async def list_ids(self) -> list[str]:
         proc = await trio.run_process(
-            [self.binary, "list", "-q"],
+            [self.binary, "--root", str(self.state_root), "list", "-q"],
             capture_stdout=True,
             capture_stderr=True,
             check=False,
@@ -124,11 +127,12 @@ def choose_runtime(mode: CgroupMode, state_dir: Path, prefer: str | None = None)
         if binary is None:
             continue
         hide = None
+        state_root = state_dir / "runtime-state"
+        state_root.mkdir(parents=True, exist_ok=True)
         if name == "crun" and mode is CgroupMode.HYBRID:
-            state_dir.mkdir(parents=True, exist_ok=True)
             hide = state_dir / "empty-cgroup.controllers"
             hide.touch()
-        rt = Runtime(name=name, binary=binary, hide_unified=hide)
+        rt = Runtime(name=name, binary=binary, state_root=state_root, hide_unified=hide)
         log.info("cgroup mode %s: running jobs with %s", mode.value, rt.describe())
         return rt
     raise RuntimeFault(

@@ -115,6 +115,8 @@ class Verdict:
 
 
 class Testnet:
+    __test__ = False  # not a pytest test class
+
     def __init__(
         self,
         providers: int = 3,

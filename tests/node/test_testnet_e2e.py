@@ -1,0 +1,144 @@
+"""End to end: real `cx node` processes, real libp2p, real containers, real swtpm.
+
+The nodes are separate processes driven through their control API (node/testnet.py); a
+test waits on a job's event stream (the API's long poll), never on a clock.
+"""
+
+from __future__ import annotations
+
+import sqlite3
+import time
+from collections.abc import Callable, Iterator
+from typing import Any, TypeVar
+
+import pytest
+
+from node.client import ApiClient
+from node.testnet import WORKLOAD, JobPlan, Testnet
+
+pytestmark = pytest.mark.integration
+
+WAIT_S = 60.0
+T = TypeVar("T")
+
+
+def wait_for(
+    client: ApiClient, job_id: str, done: Callable[[dict[str, Any]], bool]
+) -> dict[str, Any]:
+    """Follow the job's events until ``done(event)`` holds for one; that event."""
+    after = 0
+    seen: list[str] = []
+    for _ in range(200):
+        events = client.events(job_id, after=after, wait_s=WAIT_S)
+        if not events:
+            break
+        for event in events:
+            seen.append(event["state"])
+            if done(event):
+                return event
+        after = events[-1]["seq"]
+    raise AssertionError(f"job {job_id} never got there; its states: {seen}")
+
+
+def eventually(probe: Callable[[], T]) -> T:
+    """``probe()``'s first truthy value, asking every 50 ms for up to WAIT_S: for state
+    another process reaches on its own, with no event to wait on."""
+    deadline = time.monotonic() + WAIT_S
+    while not (value := probe()):
+        assert time.monotonic() < deadline, "the condition never held"
+        time.sleep(0.05)
+    return value
+
+
+@pytest.fixture
+def testnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testnet]:
+    root = tmp_path_factory.mktemp("testnet")
+    for parent in (root, *root.parents):  # containers run as a mapped uid: let it traverse
+        parent.chmod(parent.stat().st_mode | 0o011)
+    net = Testnet(providers=2, buyers=1, work=root, tpm=False)
+    try:
+        yield net
+    finally:
+        net.stop()
+
+
+def test_default_workload_settles_everywhere(tmp_path_factory: pytest.TempPathFactory) -> None:
+    """The README's demo: every job reaches its planned outcome, the attested one through a
+    TPM quote from a provider's swtpm, and every ledger agrees."""
+    root = tmp_path_factory.mktemp("demo")
+    for parent in (root, *root.parents):
+        parent.chmod(parent.stat().st_mode | 0o011)
+    with Testnet(3, 2, work=root) as net:
+        net.start()
+        verdict = net.run(WORKLOAD, timeout_s=90)
+    assert verdict.problems == []
+    states = {v["plan"]: v["state"] for v in verdict.jobs}
+    assert states["attested"] == "succeeded"
+    assert states["fails"] == "failed"
+    assert sum(ledger["balance"] for ledger in verdict.ledgers.values()) == 0
+    paid = [e for ledger in verdict.ledgers.values() for e in ledger["entries"]]
+    assert len(paid) == 2 * 6  # six settled jobs, each in its buyer's and provider's ledger
+
+
+def test_provider_killed_mid_job_is_replaced_and_unpaid(testnet: Testnet) -> None:
+    """kill -9 of the provider running a job: the buyer notices the silence, bids again,
+    the job runs on the other provider, and the dead one is never paid for it. Restarted,
+    the dead provider admits the fault (a zero receipt) instead of running the job again."""
+    testnet.start()
+    buyer = testnet.buyers[0].api()
+    job_id = testnet.submit(
+        JobPlan("slow", 0, "sleep 3; echo finished > /out/done", "succeeded", cpu_milli=1000)
+    )
+    running = wait_for(buyer, job_id, lambda e: e["state"] == "running")
+    first = buyer.job(job_id)["provider"]
+    victim = next(n for n in testnet.providers if n.peer_id == first)
+    testnet.kill(victim)
+    assert running["state"] == "running"
+
+    wait_for(buyer, job_id, lambda e: e["state"] == "succeeded")
+    job = buyer.job(job_id)
+    assert job["provider"] != first
+    assert job["attempts"] == 2
+    states = [e["state"] for e in buyer.events(job_id)]
+    assert "provider-fault" in states
+    assert not [e for e in buyer.ledger()["entries"] if e["payee"] == first and e["amount"]]
+
+    testnet.launch(victim)  # restarted on its home after kill -9
+    late = wait_for(buyer, job_id, lambda e: "late receipt" in e["detail"])
+    assert late["detail"].endswith("paid 0")  # it admitted the fault: nobody pays
+    [entry] = [e for e in buyer.ledger()["entries"] if e["payee"] == first]
+    assert entry["amount"] == 0
+    # the provider settles once the countersignature reaches it, just after the buyer did
+    [settled] = eventually(lambda: victim.api().ledger()["entries"])
+    assert {**settled, "at_ms": 0} == {**entry, "role": "provider", "at_ms": 0}
+    with sqlite3.connect(victim.home.db_path) as db:
+        (state, started) = db.execute("SELECT state, started_ms FROM agreements").fetchone()
+    assert state == "settled"
+    assert started is not None  # the container had started: it was faulted, not run again
+
+
+def test_buyer_killed_and_restarted_loses_nothing(testnet: Testnet) -> None:
+    """kill -9 of the buyer while its job runs: restarted, it takes the receipt, the job
+    succeeds once, and the ledger entry is there exactly once, on both sides, and stays
+    there across another restart."""
+    testnet.start()
+    node = testnet.buyers[0]
+    job_id = testnet.submit(JobPlan("steady", 0, "sleep 2; echo ok > /out/ok", "succeeded"))
+    wait_for(node.api(), job_id, lambda e: e["state"] == "running")
+    testnet.kill(node)
+    testnet.launch(node)
+
+    wait_for(node.api(), job_id, lambda e: e["state"] == "succeeded")
+    job = node.api().job(job_id)
+    assert job["attempts"] == 1
+    [entry] = node.api().ledger()["entries"]
+    provider = next(n for n in testnet.providers if n.peer_id == job["provider"])
+    assert [e["agreement_id"] for e in provider.api().ledger()["entries"]] == [
+        entry["agreement_id"]
+    ]
+    assert entry["amount"] == job["cost"] > 0
+
+    testnet.kill(node)
+    testnet.launch(node)
+    assert node.api().ledger()["entries"] == [entry]
+    assert node.api().logs(job_id)["stdout"] == ""
