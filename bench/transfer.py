@@ -1,0 +1,242 @@
+"""Transfer benchmark: one blob between two libp2p nodes on loopback, beside raw TCP.
+
+Measures in one run:
+- raw TCP throughput on loopback (trio sockets, the same bytes, nothing stored);
+- one yamux stream through node/p2p.py (Noise + yamux), the bytes discarded;
+- node/transfer.fetch_blob of a ``--size-mb`` blob from node A's store into node B's:
+  chunked, verified, written and fsynced by BlobStore.put_chunk, hashed whole at the end;
+  ``--repeat`` times into an empty store, with the CPU each side spent per MB. CPU per MB
+  is the steadier figure on a shared machine: py-libp2p is CPU-bound in Python.
+Node A runs in a child process (``--serve``), as a peer would; ``--one-process`` runs both
+nodes in this process instead (one core for both, as in bench/gossip.py). ``--streams`` and
+``--batch`` override node.transfer's streams per peer and chunks per request.
+Goal (issue 5): fetch_blob >= 150 MB/s. Prints a table, then one JSON line.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+
+import trio
+
+from node import transfer
+from node.p2p import serve_network
+from node.store import BlobStore
+from node.transport import FramedStream, Network, PeerId, ProtocolId, Stream
+from protocol.identity import PrivateKey
+
+SOURCE = ProtocolId("/cx/bench/source/1")  # sends as many zero bytes as asked
+BLOCK = 1 << 20
+MB = 1e6
+
+
+async def raw_tcp_mb_s(data: bytes) -> float:
+    listeners = await trio.open_tcp_listeners(0, host="127.0.0.1")
+    port = listeners[0].socket.getsockname()[1]
+    done = trio.Event()
+    elapsed = 0.0
+
+    async def sink(stream: trio.SocketStream) -> None:
+        nonlocal elapsed
+        got, start = 0, time.perf_counter()
+        while got < len(data) and (part := await stream.receive_some(BLOCK)):
+            got += len(part)
+        elapsed = time.perf_counter() - start
+        done.set()
+
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(trio.serve_listeners, sink, listeners)
+        client = await trio.open_tcp_stream("127.0.0.1", port)
+        view = memoryview(data)
+        for offset in range(0, len(data), BLOCK):
+            await client.send_all(view[offset : offset + BLOCK])
+        await done.wait()
+        await client.aclose()
+        nursery.cancel_scope.cancel()
+    return len(data) / elapsed / MB
+
+
+# -- node A: the sender ----------------------------------------------------------------------
+
+
+async def serve_node(store_dir: Path, *, task_status=trio.TASK_STATUS_IGNORED) -> None:
+    """Serves the blob store and the byte source; reports its address."""
+
+    async def source(stream: Stream) -> None:
+        framed = FramedStream(stream)
+        total = int(await framed.receive_frame() or b"0")
+        block = b"\0" * 65536
+        for _ in range(total // len(block)):
+            await stream.send_all(block)
+        await framed.receive_frame()  # the reader says when it has everything
+
+    async with trio.open_nursery() as nursery:
+        net = await nursery.start(serve_network, PrivateKey.from_seed(b"\x01" * 32))
+        transfer.serve_blobs(net, BlobStore(store_dir))
+        net.serve(SOURCE, source)
+        task_status.started(net.listen_addrs[0])
+        await trio.sleep_forever()
+
+
+async def child(store_dir: Path) -> None:
+    """``--serve``: run node A until the parent closes our stdin."""
+    async with trio.open_nursery() as nursery:
+        print(await nursery.start(serve_node, store_dir), flush=True)
+        stdin = trio.lowlevel.FdStream(os.dup(0))
+        while await stdin.receive_some():
+            pass
+        nursery.cancel_scope.cancel()
+
+
+async def start_sender(
+    nursery: trio.Nursery, args: argparse.Namespace, store: Path
+) -> tuple[str, int | None]:
+    """Node A's address, and its process id (None when it runs in this process)."""
+    if args.one_process:
+        return await nursery.start(serve_node, store), None
+    command = [sys.executable, __file__, "--serve", str(store)]
+    process = await trio.lowlevel.open_process(
+        command, stdin=subprocess.PIPE, stdout=subprocess.PIPE
+    )
+    nursery.start_soon(_reap, process)  # closing its stdin (at cancellation) ends it
+    assert process.stdout is not None
+    line = b""
+    while not line.endswith(b"\n"):
+        part = await process.stdout.receive_some(4096)
+        if not part:
+            raise SystemExit("the serving node exited before it listened")
+        line += part
+    return line.decode().strip(), process.pid
+
+
+async def _reap(process: trio.Process) -> None:
+    try:
+        await trio.sleep_forever()
+    finally:
+        with trio.CancelScope(shield=True):
+            assert process.stdin is not None
+            await process.stdin.aclose()
+            await process.wait()
+
+
+def cpu_seconds(pid: int | None) -> float:
+    """User + system CPU of ``pid`` (Linux), or of this process."""
+    if pid is None:
+        return time.process_time()
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+# -- node B: the receiver --------------------------------------------------------------------
+
+
+async def one_stream_mb_s(net: Network, peer: PeerId, total: int) -> float:
+    stream = await net.open_stream(peer, SOURCE)
+    framed = FramedStream(stream)
+    start = time.perf_counter()
+    await framed.send_frame(str(total).encode())
+    got = 0
+    while got < total and (part := await stream.receive_some(BLOCK)):
+        got += len(part)
+    elapsed = time.perf_counter() - start
+    await framed.send_frame(b"done")
+    await stream.aclose()
+    return total / elapsed / MB
+
+
+async def fetch_once(net: Network, peer: PeerId, digest: str, root: Path, pid: int | None):
+    shutil.rmtree(root, ignore_errors=True)
+    receiver = BlobStore(root)
+    ours, theirs = time.process_time(), cpu_seconds(pid)
+    start = time.perf_counter()
+    await transfer.fetch_blob(net, receiver, digest, [peer])
+    elapsed = time.perf_counter() - start
+    return elapsed, time.process_time() - ours, cpu_seconds(pid) - theirs, receiver
+
+
+async def run(args: argparse.Namespace, workdir: Path) -> dict[str, float | int]:
+    size = args.size_mb << 20
+    data = os.urandom(size)
+    sender = BlobStore(workdir / "a")
+    digest = sender.put_bytes(data)
+    sender.manifest(digest)  # computed once per blob and cached, as a serving node does
+    r: dict[str, float | int] = {
+        "size_mb": args.size_mb,
+        "processes": 1 if args.one_process else 2,
+        "cores": os.cpu_count() or 0,
+        "streams_per_peer": transfer.STREAMS_PER_PEER,
+        "batch": transfer.BATCH,
+        "raw_tcp_mb_s": await raw_tcp_mb_s(data),
+    }
+    async with trio.open_nursery() as nursery:
+        addr, pid = await start_sender(nursery, args, workdir / "a")
+        net = await nursery.start(serve_network, PrivateKey.from_seed(b"\x02" * 32))
+        peer = await net.connect(addr)
+        r["one_stream_mb_s"] = await one_stream_mb_s(net, peer, min(size, 128 << 20))
+        runs = [await fetch_once(net, peer, digest, workdir / "b", pid) for _ in range(args.repeat)]
+        nursery.cancel_scope.cancel()
+    if runs[-1][3].read_bytes(digest) != data:
+        raise SystemExit("the fetched blob differs from the sent one")
+    rates = [size / elapsed / MB for elapsed, *_ in runs]
+    r["fetch_mb_s_best"] = max(rates)
+    r["fetch_mb_s_median"] = statistics.median(rates)
+    r["ratio_to_raw"] = r["fetch_mb_s_median"] / r["raw_tcp_mb_s"]
+    # In one process the receiver's CPU includes the sender's.
+    r["receiver_cpu_ms_per_mb"] = statistics.median(1000 * c * MB / size for _, c, _, _ in runs)
+    if pid is not None:
+        r["sender_cpu_ms_per_mb"] = statistics.median(1000 * c * MB / size for *_, c, _ in runs)
+    return r
+
+
+def table(r: dict[str, float | int]) -> list[tuple[str, str]]:
+    shape = f"{r['streams_per_peer']} streams x {r['batch']} chunks"
+    rows = [
+        ("raw TCP, loopback (baseline)", f"{r['raw_tcp_mb_s']:8.0f} MB/s"),
+        ("one yamux stream, bytes discarded", f"{r['one_stream_mb_s']:8.0f} MB/s"),
+        (f"fetch_blob, {shape}, median", f"{r['fetch_mb_s_median']:8.0f} MB/s"),
+        (f"fetch_blob, {shape}, best", f"{r['fetch_mb_s_best']:8.0f} MB/s"),
+        ("fetch_blob (median) / raw TCP", f"{r['ratio_to_raw']:8.3f}"),
+        ("receiver CPU", f"{r['receiver_cpu_ms_per_mb']:8.1f} ms/MB"),
+    ]
+    if "sender_cpu_ms_per_mb" in r:
+        rows.append(("sender CPU", f"{r['sender_cpu_ms_per_mb']:8.1f} ms/MB"))
+    return rows
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--size-mb", type=int, default=256)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--streams", type=int, default=transfer.STREAMS_PER_PEER)
+    parser.add_argument("--batch", type=int, default=transfer.BATCH)
+    parser.add_argument("--dir", type=Path, default=None, help="where the two stores live")
+    parser.add_argument("--one-process", action="store_true", help="both nodes in one process")
+    parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the child's mode
+    args = parser.parse_args()
+    transfer.STREAMS_PER_PEER, transfer.BATCH = args.streams, args.batch
+    if args.serve:
+        trio.run(child, args.serve)
+        return
+    with tempfile.TemporaryDirectory(dir=args.dir, prefix="cx-bench-transfer-") as tmp:
+        r = trio.run(run, args, Path(tmp))
+    print(f"{r['size_mb']} MB blob, nodes in {r['processes']} process(es), {r['cores']} cores")
+    for name, value in table(r):
+        print(f"{name:<44} {value}")
+    goal = "met" if r["fetch_mb_s_median"] >= 150 else "NOT met"
+    print(f"goal fetch_blob >= 150 MB/s: {goal}")
+    print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
+
+
+if __name__ == "__main__":
+    main()
