@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Set up Compute Exchange on a Debian/Ubuntu machine (as root) and run something.
-#   ./quickstart.sh demo   set up, then run the main demo
+#   ./quickstart.sh demo   set up, then run the main demo (cx testnet: node processes over libp2p)
 #   ./quickstart.sh test   set up, then run lint, types, layer contracts and the whole test suite
 #   ./quickstart.sh setup  only set up
 # Idempotent: apt runs only when a package is missing; pip only when pyproject.toml changed.
@@ -38,7 +38,7 @@ fi
 
 case "${1:-demo}" in
     setup) ;;
-    demo)  shift || true; exec .venv/bin/cx demo "$@" ;;
+    demo)  shift || true; exec .venv/bin/cx testnet "$@" ;;
     test)
         shift || true
         .venv/bin/ruff check .

@@ -24,10 +24,18 @@ from typing import Any
 from protocol.identity import PrivateKey
 from protocol.messages import Arch, Prices, Resources, TrustLevel
 
-__all__ = ["DEFAULT_HOME", "Home", "HomeError", "NodeConfig", "ProviderConfig", "init_home"]
+__all__ = ["Home", "HomeError", "NodeConfig", "ProviderConfig", "default_home", "init_home"]
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
-DEFAULT_HOME = Path(os.environ.get("CX_HOME", Path.home() / ".cx"))
+
+
+def default_home() -> Path:
+    """``$CX_HOME``; else /var/lib/cx for root (a provider's containers run as a mapped uid
+    and must traverse every directory above the home, which /root does not allow); else
+    ~/.cx."""
+    if env := os.environ.get("CX_HOME"):
+        return Path(env).expanduser()
+    return Path("/var/lib/cx") if os.geteuid() == 0 else Path.home() / ".cx"
 
 
 class HomeError(Exception):

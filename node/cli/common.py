@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import re
 import sys
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 
 from node.api import ApiError
 from node.client import ApiClient, ClientError
+from node.home import default_home
 
 __all__ = [
     "EXIT_NO_NODE",
@@ -46,18 +46,13 @@ _TIME_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 MICRO = 1_000_000
 
 
-def default_home() -> Path:
-    """$CX_HOME, else ~/.cx."""
-    return Path(os.environ.get("CX_HOME") or "~/.cx").expanduser()
-
-
 def add_common(parser: argparse.ArgumentParser, *, json_help: str | None = None) -> None:
     """``--home`` and, unless ``json_help`` is None, ``--json``."""
     parser.add_argument(
         "--home",
         type=Path,
         default=default_home(),
-        help="the node's state directory, where it publishes api.json (default: $CX_HOME or ~/.cx)",
+        help="the node's home directory (default: $CX_HOME, else /var/lib/cx as root, else ~/.cx)",
     )
     if json_help is not None:
         parser.add_argument("--json", action="store_true", help=json_help)

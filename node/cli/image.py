@@ -1,6 +1,6 @@
 """``cx image``: build, import, list and collect OCI images in the node's content store.
 
-The store lives in ``$CX_HOME`` (default /var/lib/cx): containers run as a mapped uid, so
+The store lives in the node's home (``node.home.default_home``): containers run as a mapped uid, so
 every directory above it must be searchable by others.
 
 Exit status: 0 done (the manifest digest alone on stdout for build-rootfs and import),
@@ -11,11 +11,11 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import sys
 from pathlib import Path
 from typing import Any
 
+from node.home import default_home
 from node.image import (
     ImageError,
     RootfsCache,
@@ -34,8 +34,8 @@ def add_home_option(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
         "--home",
         type=Path,
-        default=Path(os.environ.get("CX_HOME", "/var/lib/cx")),
-        help="node state directory (store, jobs); default $CX_HOME or /var/lib/cx",
+        default=default_home(),
+        help="the node's home (store, jobs); default $CX_HOME, else /var/lib/cx as root",
     )
 
 
