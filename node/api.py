@@ -90,6 +90,9 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import h11
 import trio
 
+from node.requests import DEFAULTS as _DEFAULTS
+from node.requests import REQUIRED as _REQUIRED
+
 if TYPE_CHECKING:
     # libp2p pulls in trio-typing, whose stubs shadow trio's own types for mypy and spell
     # TaskStatus here (as in node/memnet.py); the annotation is never evaluated at runtime.
@@ -308,24 +311,6 @@ def _prices(value: object) -> Json:
     if "cpu_core_hour" not in value:
         raise _bad("max_prices.cpu_core_hour is required")
     return {k: _int(value.get(k, 0), f"max_prices.{k}") for k in _PRICE_KEYS}
-
-
-_DEFAULTS: Json = {
-    "env": {},
-    "cpu_milli": 1000,
-    "memory_bytes": 256 << 20,
-    "disk_bytes": 0,
-    "gpus": 0,
-    "wall_ms": 3_600_000,
-    "arch": None,
-    "regions": [],
-    "trust": "none",
-    "inputs": [],
-    "preemptible": False,
-    "checkpoint_path": None,
-    "name": None,
-}
-_REQUIRED = ("image", "command", "max_prices")
 
 
 def check_submit(request: object) -> Json:

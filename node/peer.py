@@ -131,9 +131,10 @@ class Peer:
 
     def _job(self, job_id: str) -> JobRow:
         found = [j for j in self.db.jobs() if j.id.startswith(job_id)] if job_id else []
-        if len(found) != 1:
-            what = "no job" if not found else f"{len(found)} jobs"
-            raise ApiError(404, "unknown-job", f"{what} with id {job_id!r}; see `cx jobs`")
+        if len(found) > 1:
+            raise ApiError(400, "ambiguous-job", f"{len(found)} jobs start with {job_id!r}")
+        if not found:
+            raise ApiError(404, "unknown-job", f"no job with id {job_id!r}; see `cx jobs`")
         return found[0]
 
     def job(self, job_id: str) -> dict[str, Any]:

@@ -26,15 +26,16 @@ from protocol.messages import (
     TrustRequirement,
 )
 
-__all__ = ["RequestError", "bid_from_request", "resolve"]
+__all__ = ["DEFAULTS", "REQUIRED", "RequestError", "bid_from_request", "resolve"]
 
-_DEFAULTS: dict[str, Any] = {
+REQUIRED = ("image", "command", "max_prices")
+DEFAULTS: dict[str, Any] = {  # the control API fills these in too
     "env": {},
     "cpu_milli": 1000,
     "memory_bytes": 256 << 20,
     "disk_bytes": 0,
     "gpus": 0,
-    "wall_ms": 600_000,
+    "wall_ms": 3_600_000,
     "arch": None,
     "regions": [],
     "trust": "none",
@@ -51,11 +52,11 @@ class RequestError(ValueError):
 
 def resolve(request: dict[str, Any], store: BlobStore) -> dict[str, Any]:
     """A checked copy of ``request`` that names only digests (imports what it must)."""
-    out = {**_DEFAULTS, **request}
-    unknown = set(out) - set(_DEFAULTS) - {"image", "command", "max_prices"}
+    out = {**DEFAULTS, **request}
+    unknown = set(out) - set(DEFAULTS) - set(REQUIRED)
     if unknown:
         raise RequestError(f"unknown request fields: {', '.join(sorted(unknown))}")
-    for name in ("image", "command", "max_prices"):
+    for name in REQUIRED:
         if name not in request:
             raise RequestError(f"the request needs {name!r}")
     image = str(out["image"])
@@ -99,11 +100,11 @@ def bid_from_request(request: dict[str, Any]) -> Bid:
                     DataRef(digest=i["digest"], path=i["path"], size=int(i["size"]))
                     for i in request.get("inputs", [])
                 ),
-                wall_ms=int(request.get("wall_ms", _DEFAULTS["wall_ms"])),
+                wall_ms=int(request.get("wall_ms", DEFAULTS["wall_ms"])),
             ),
             resources=Resources(
-                cpu_milli=int(request.get("cpu_milli", _DEFAULTS["cpu_milli"])),
-                memory_bytes=int(request.get("memory_bytes", _DEFAULTS["memory_bytes"])),
+                cpu_milli=int(request.get("cpu_milli", DEFAULTS["cpu_milli"])),
+                memory_bytes=int(request.get("memory_bytes", DEFAULTS["memory_bytes"])),
                 disk_bytes=int(request.get("disk_bytes", 0)),
                 gpus=int(request.get("gpus", 0)),
             ),
