@@ -170,7 +170,7 @@ def table(
     """Columns aligned to their widest cell, two spaces apart, the columns whose indexes
     are in ``right`` (numbers) right-aligned. An empty table is its header line alone."""
     cells = [[str(c) for c in row] for row in rows]
-    widths = [max(len(h), *(len(r[i]) for r in cells)) for i, h in enumerate(headers)]
+    widths = [max([len(h), *(len(r[i]) for r in cells)]) for i, h in enumerate(headers)]
 
     def line(values: Sequence[str]) -> str:
         parts = [
