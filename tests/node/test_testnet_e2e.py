@@ -133,9 +133,8 @@ def test_buyer_killed_and_restarted_loses_nothing(testnet: Testnet) -> None:
     assert job["attempts"] == 1
     [entry] = node.api().ledger()["entries"]
     provider = next(n for n in testnet.providers if n.peer_id == job["provider"])
-    assert [e["agreement_id"] for e in provider.api().ledger()["entries"]] == [
-        entry["agreement_id"]
-    ]
+    [settled] = eventually(lambda: provider.api().ledger()["entries"])
+    assert settled["agreement_id"] == entry["agreement_id"]
     assert entry["amount"] == job["cost"] > 0
 
     testnet.kill(node)
