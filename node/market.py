@@ -164,7 +164,28 @@ class Market:
         self.addresses[peer] = addr
         await self._hello(peer)
         await self.sync_book(peer)
+        await self._announce()
         return peer
+
+    async def _announce(self) -> None:
+        """Gossip our own live orders again, now that we have peers to gossip them to.
+
+        An order posted while this node had no peers (a provider's offer at start-up, a
+        bid restored after a restart) reached nobody, and the book exchange only pulls.
+        Peers that hold an order already ignore the repeat (admission's replay guard).
+        """
+        now = now_ms()
+        book = self.trader.book
+        mine: list[Signed[Any]] = [
+            o.order for o in book.live_offers(now) if o.order.signer == self.trader.me
+        ]
+        mine += [
+            b.order
+            for b in book.bids.values()
+            if b.order.signer == self.trader.me and b.order.expires_ms > now
+        ]
+        for order in mine:
+            await self.publish(order)
 
     async def _hello(self, peer: PeerId) -> None:
         try:
