@@ -347,8 +347,10 @@ class Buyer:
 
     def _status(self, wire: bytes, payload: JobStatus) -> None:
         job = self.trader.jobs.get(payload.agreement_id)
-        if job is not None and job.state is JobState.PROVIDER_FAULT:
-            return  # we gave up on this provider; only its (zero) receipt still matters
+        if job is not None and job.state in (JobState.PROVIDER_FAULT, payload.state):
+            # We gave up on this provider (only its zero receipt still matters), or we stored
+            # this status before a crash cut off our answer and the outbox sends it again.
+            return
         try:
             status = self.trader.receive_status(wire, now_ms=now_ms())
         except ProtocolError as exc:
