@@ -25,7 +25,6 @@ from __future__ import annotations
 
 import logging
 import os
-import time
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -44,6 +43,7 @@ from attest.enrolment import (
 )
 from attest.errors import AttestUsageError, EvidenceError, ProducerError, Reason
 from attest.tpm_producer import TpmProducer
+from node.clock import new_nonce, now_ms
 from node.swtpm import Swtpm
 from node.transport import (
     FramedStream,
@@ -56,7 +56,7 @@ from node.transport import (
     StreamClosed,
 )
 from protocol.admission import AdmissionPolicy, ReplayGuard
-from protocol.envelope import NONCE_SIZE, Signed, seal
+from protocol.envelope import Signed, seal
 from protocol.errors import RemoteProtocolError
 from protocol.identity import PeerId, PrivateKey, PublicKey
 from protocol.messages import ActivationAnswer, ActivationChallenge, Enrolment, Evidence
@@ -86,14 +86,6 @@ TIMEOUT = "timeout"  # EnrolmentUnavailable.reason when the exchange took too lo
 _ENTROPY_SIZE = 64
 
 T = TypeVar("T")
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _nonce() -> bytes:
-    return os.urandom(NONCE_SIZE)
 
 
 # -- errors --------------------------------------------------------------------------------
@@ -251,7 +243,7 @@ def serve_enrolment(
     key: PrivateKey,
     *,
     policy: AdmissionPolicy = DEFAULT_POLICY,
-    clock: Callable[[], int] = _now_ms,
+    clock: Callable[[], int] = now_ms,
     timeout_s: float = 30.0,
 ) -> None:
     """Answer enrolment requests on ``net`` (``/cx/enrol/1``) with ``attestor``'s TPM.
@@ -289,7 +281,7 @@ async def _provide(
     if request != b"":
         log.info("enrolment request from %s is not one empty frame; closing", buyer.peer_id)
         return
-    enrolment = await attestor.enrolment(key, nonce=_nonce(), now_ms=clock())
+    enrolment = await attestor.enrolment(key, nonce=new_nonce(), now_ms=clock())
     await framed.send_frame(enrolment.wire)
     wire = await framed.receive_frame()
     if wire is None:
@@ -297,7 +289,7 @@ async def _provide(
     challenge = open_challenge(
         wire, enrolment=enrolment, buyer=buyer, now_ms=clock(), guard=guard, policy=policy
     )
-    answer = await attestor.answer(key, challenge, nonce=_nonce(), now_ms=clock())
+    answer = await attestor.answer(key, challenge, nonce=new_nonce(), now_ms=clock())
     await framed.send_frame(answer.wire)
 
 
@@ -399,7 +391,7 @@ async def enrol(
                     now_ms=now_ms,
                     secret=os.urandom(SECRET_SIZE),
                     entropy=os.urandom(_ENTROPY_SIZE),
-                    nonce=_nonce(),
+                    nonce=new_nonce(),
                 )
                 await framed.send_frame(pending.message.wire)
                 wire = await _expect(framed, "an answer to the activation challenge")

@@ -26,8 +26,9 @@ from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
 from node import attestor as attestation
 from node import transfer
+from node.clock import new_nonce, now_ms
 from node.db import Database, JobRow
-from node.market import Market, new_nonce, now_ms
+from node.market import Market
 from node.requests import bid_from_request
 from node.transport import FramedStream, NetworkError, PeerId, Stream
 from node.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request

@@ -10,16 +10,15 @@ same code.
 from __future__ import annotations
 
 import logging
-import os
 import shutil
 import tempfile
-import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import trio
 
+from node.clock import new_nonce, now_ms
 from node.executor import Executor, ExecutorConfig
 from node.image import build_rootfs, import_image
 from protocol.book import Explanation, Match
@@ -46,14 +45,6 @@ __all__ = ["DemoResult", "JobLine", "run_demo"]
 MIB = 1 << 20
 GIB = 1 << 30
 HOUR_MS = 3_600_000
-
-
-def _now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def _nonce(size: int = 16) -> bytes:
-    return os.urandom(size)
 
 
 @dataclass(slots=True)
@@ -235,9 +226,9 @@ async def _run(root: Path, on_change: Callable[[DemoResult], None]) -> DemoResul
             )
         )
         result.image = import_image(executor.store, layout).manifest
-        trader = Trader(PrivateKey.from_seed(_nonce(32)))
+        trader = Trader(PrivateKey.from_seed(new_nonce(32)))
         providers[trader.me.raw] = _Provider(name, trader, executor, offer)
-    buyers = {name: Trader(PrivateKey.from_seed(_nonce(32))) for name in ("alice", "bob")}
+    buyers = {name: Trader(PrivateKey.from_seed(new_nonce(32))) for name in ("alice", "bob")}
     names = {p.trader.me.raw: p.name for p in providers.values()}
     names |= {t.me.raw: n for n, t in buyers.items()}
 
@@ -245,24 +236,24 @@ async def _run(root: Path, on_change: Callable[[DemoResult], None]) -> DemoResul
     everyone = [*buyers.values(), *(p.trader for p in providers.values())]
     for provider in providers.values():
         order, _ = provider.trader.post(
-            provider.offer, nonce=_nonce(), now_ms=_now_ms(), ttl_ms=HOUR_MS
+            provider.offer, nonce=new_nonce(), now_ms=now_ms(), ttl_ms=HOUR_MS
         )
         for node in everyone:
             if node is not provider.trader:
-                node.receive_order(order.wire, now_ms=_now_ms())
+                node.receive_order(order.wire, now_ms=now_ms())
 
     async with trio.open_nursery() as nursery:
         for job_name, buyer_name, bid in _workload(result.image):
             line = JobLine(job_name, buyer_name)
             result.jobs.append(line)
             buyer = buyers[buyer_name]
-            order, matches = buyer.post(bid, nonce=_nonce(), now_ms=_now_ms(), ttl_ms=HOUR_MS)
+            order, matches = buyer.post(bid, nonce=new_nonce(), now_ms=now_ms(), ttl_ms=HOUR_MS)
             for node in everyone:
                 if node is not buyer:
-                    node.receive_order(order.wire, now_ms=_now_ms())
+                    node.receive_order(order.wire, now_ms=now_ms())
             agreement = _negotiate(buyer, providers, order.id, matches)
             if agreement is None:
-                line.why = buyer.book.explain(bid, now_ms=_now_ms(), reputation=buyer.reputation)
+                line.why = buyer.book.explain(bid, now_ms=now_ms(), reputation=buyer.reputation)
                 line.state = "unmatched"
                 on_change(result)
                 continue
@@ -290,16 +281,16 @@ def _negotiate(
         [match] = matches
         provider = providers[match.provider].trader
         proposal = buyer.propose(
-            match, nonce=_nonce(), attestation_nonce=_nonce(32), now_ms=_now_ms()
+            match, nonce=new_nonce(), attestation_nonce=new_nonce(32), now_ms=now_ms()
         )
-        provider.receive_proposal(proposal.wire, now_ms=_now_ms())
-        reply = provider.accept(proposal.id, evidence=None, nonce=_nonce(), now_ms=_now_ms())
-        buyer.receive_reply(reply.wire, now_ms=_now_ms())
+        provider.receive_proposal(proposal.wire, now_ms=now_ms())
+        reply = provider.accept(proposal.id, evidence=None, nonce=new_nonce(), now_ms=now_ms())
+        buyer.receive_reply(reply.wire, now_ms=now_ms())
         if isinstance(reply.payload, Accept):
             agreement = buyer.agree(proposal.id)
             provider.receive_agreement(agreement.to_wire())
             return agreement
-        matches = buyer.next_match(bid_id, now_ms=_now_ms())
+        matches = buyer.next_match(bid_id, now_ms=now_ms())
     return None
 
 
@@ -315,8 +306,8 @@ async def _execute(
     seller = provider.trader
 
     def tell(state: JobState) -> None:
-        status = seller.status(agreement.id, state, nonce=_nonce(), now_ms=_now_ms())
-        buyer.receive_status(status.wire, now_ms=_now_ms())
+        status = seller.status(agreement.id, state, nonce=new_nonce(), now_ms=now_ms())
+        buyer.receive_status(status.wire, now_ms=now_ms())
         line.state = state.value
         on_change(result)
 
@@ -333,10 +324,10 @@ async def _execute(
         exit_code=done.exit_code,
         outputs=done.outputs,
         checkpoint=done.checkpoint,
-        nonce=_nonce(),
-        now_ms=_now_ms(),
+        nonce=new_nonce(),
+        now_ms=now_ms(),
     )
-    countersigned = buyer.receive_receipt(receipt.wire, now_ms=_now_ms())
+    countersigned = buyer.receive_receipt(receipt.wire, now_ms=now_ms())
     seller.receive_countersigned(countersigned.to_wire())
     line.state = seller.jobs[agreement.id].state.value
     line.exit_reason = done.exit_reason.value

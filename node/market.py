@@ -14,8 +14,6 @@ from __future__ import annotations
 
 import logging
 import math
-import os
-import time
 from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass
@@ -23,6 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
+from node.clock import now_ms
 from node.db import Database
 from node.store import BlobStore
 from node.transport import (
@@ -43,7 +42,7 @@ from protocol.trader import Trader
 if TYPE_CHECKING:
     from trio_typing import TaskStatus  # see node/memnet.py: trio-stubs shadow trio
 
-__all__ = ["Market", "Trade", "new_nonce", "now_ms"]
+__all__ = ["Market", "Trade"]
 
 log = logging.getLogger(__name__)
 
@@ -51,14 +50,6 @@ MAINTENANCE_S = 1.0
 HELLO_TIMEOUT_S = 5.0
 MAX_PEERS = 64  # addresses learned by hello are dialled up to this many connections
 _HARMLESS = frozenset({Reason.EXPIRED, Reason.REPLAYED, Reason.NOT_YET_VALID})
-
-
-def now_ms() -> int:
-    return time.time_ns() // 1_000_000
-
-
-def new_nonce(size: int = 16) -> bytes:
-    return os.urandom(size)
 
 
 @dataclass(frozen=True, slots=True)

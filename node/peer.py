@@ -33,10 +33,11 @@ from node import attestor as attestation
 from node import swtpm, transfer
 from node.api import ApiError, serve_api, write_api_info
 from node.buyer import Buyer
+from node.clock import now_ms
 from node.db import Database, JobRow
 from node.executor import Executor, ExecutorConfig
 from node.home import Home, HomeError, NodeConfig
-from node.market import Market, now_ms, resource_class
+from node.market import Market, resource_class
 from node.provider import Provider
 from node.requests import RequestError, bid_from_request, resolve
 from node.store import BlobStore

@@ -26,10 +26,11 @@ import trio
 
 from node import transfer
 from node.attestor import TpmAttestor
+from node.clock import new_nonce, now_ms
 from node.db import Database
 from node.executor import CapacityExceeded, Executor, JobResult
 from node.home import ProviderConfig
-from node.market import Market, new_nonce, now_ms
+from node.market import Market
 from node.transport import FramedStream, NetworkError, PeerId, Stream
 from node.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
 from protocol.envelope import MessageId, Signed, open_signed

@@ -23,9 +23,9 @@ import trio.testing
 from executor_support import searchable_dir
 
 from node.api import ApiError
+from node.clock import new_nonce, now_ms
 from node.home import Home, NodeConfig, ProviderConfig, init_home
 from node.image import busybox_entries, import_image, write_layout
-from node.market import new_nonce, now_ms
 from node.memnet import MemoryHub, serve_memory_network
 from node.peer import Peer, serve_peer
 from node.store import BlobStore
