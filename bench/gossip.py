@@ -8,6 +8,15 @@ Measures in one run, on loopback, in one process (so 1 core does all the nodes' 
   p50 and p99 over offers published one at a time from random nodes;
 - sustained order rate with no loss: several nodes publish a burst of orders, the clock
   stops when every node holds every order; any loss fails the run (exit 1).
+The gossip is what a node gossips: offers and bids signed by the publishing node's key
+(Trader.post), and every node's topic validator is the node's own admission,
+``Trader.receive_order`` (decode, signature, expiry, replay, book insert, matching), as in
+node/market.py; a rejected order fails the run. Orders are signed before their clock
+starts (the rate phase's all before the burst). ``--validator trivial`` gossips raw bytes
+and accepts everything instead, to see what admission costs.
+Every node's admission runs on the one core this process has, so the network-wide rate is
+what N nodes sharing one core sustain; the CPU per order delivered to a node (all the
+process's work over all deliveries) is printed beside it.
 Goals (issue 5): propagation p99 < 1 s; >= 1,000 orders/s network-wide; stream >= 150 MB/s.
 Prints a table, then one JSON line. ``--nodes``, ``--orders`` to change the size.
 """
@@ -23,12 +32,17 @@ import time
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import trio
+from factories import HOUR_MS, Nonces, bid, offer
 
+from node.clock import now_ms
 from node.p2p import P2PNetwork, serve_network
-from node.transport import FramedStream, Gossip, PeerId, ProtocolId, Stream, Verdict
+from node.transport import FramedStream, Gossip, PeerId, ProtocolId, Stream, Validator, Verdict
+from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
+from protocol.trader import Trader
 
 TOPIC = "cx/bench/offers/v1"
 SINK = ProtocolId("/cx/bench/sink/1")
@@ -37,6 +51,50 @@ CHUNK = 64 * 1024
 
 def accept(sender: PeerId, data: bytes) -> Verdict:
     return Verdict.ACCEPT
+
+
+def admission(trader: Trader, refused: list[str]) -> Validator:
+    """The node's own admission (node/market.py's validator, less its bookkeeping)."""
+
+    def validate(sender: PeerId, data: bytes) -> Verdict:
+        try:
+            trader.receive_order(data, now_ms=now_ms())
+        except ProtocolError as exc:
+            refused.append(f"{exc.reason.value}: {exc}")
+            return Verdict.REJECT
+        return Verdict.ACCEPT
+
+    return validate
+
+
+class Orders:
+    """Signed orders of one node, or numbered raw bytes for the trivial validator."""
+
+    def __init__(self, key: PrivateKey, index: int, signed: bool) -> None:
+        self.trader = Trader(key)  # a signer only: its own book is not the node's
+        self.nonce = Nonces(f"bench-{index}")
+        self.signed = signed
+        self.index = index
+        self.count = 0
+
+    def offer(self) -> bytes:
+        self.count += 1
+        if not self.signed:
+            return b"offer-%06d-%02d" % (self.count, self.index) + b"\0" * 200
+        payload = offer(cpu_price=50_000 + self.count % 1000, region=("eu", "us")[self.count % 2])
+        order, _ = self.trader.post(payload, nonce=self.nonce(), now_ms=now_ms(), ttl_ms=HOUR_MS)
+        return order.wire
+
+    def order(self) -> bytes:
+        """An offer or a bid, alternately."""
+        if self.count % 2 == 0:
+            return self.offer()
+        self.count += 1
+        if not self.signed:
+            return b"order-%07d-%02d" % (self.count, self.index) + b"\0" * 150
+        payload = bid(cpu_limit=40_000 + self.count % 1000)  # below every offer: no trades
+        order, _ = self.trader.post(payload, nonce=self.nonce(), now_ms=now_ms(), ttl_ms=HOUR_MS)
+        return order.wire
 
 
 def pct(values: list[float], q: float) -> float:
@@ -105,12 +163,13 @@ async def stream_mb_s(a: P2PNetwork, b: P2PNetwork, total: int) -> float:
 async def testnet(args: argparse.Namespace) -> dict[str, float | int]:
     rng = random.Random(7)
     result: dict[str, float | int] = {}
+    signed = args.validator == "admission"
+    keys = [PrivateKey.from_seed(bytes([i + 1]) * 32) for i in range(args.nodes)]
+    orders = [Orders(k, i, signed) for i, k in enumerate(keys)]
+    refused: list[str] = []
     async with trio.open_nursery() as nursery:
         start = time.perf_counter()
-        nets: list[P2PNetwork] = [
-            await nursery.start(serve_network, PrivateKey.from_seed(bytes([i + 1]) * 32))
-            for i in range(args.nodes)
-        ]
+        nets: list[P2PNetwork] = [await nursery.start(serve_network, k) for k in keys]
         result["startup_ms_per_node"] = (time.perf_counter() - start) * 1000 / args.nodes
 
         # Throughput baselines on the first two nodes (before gossip load exists).
@@ -131,7 +190,10 @@ async def testnet(args: argparse.Namespace) -> dict[str, float | int]:
         result["dial_ms_p50"] = pct(dials, 0.5) * 1000
         result["dial_ms_max"] = max(dials) * 1000
 
-        inboxes = [await net.subscribe(TOPIC, accept) for net in nets]
+        inboxes = [
+            await net.subscribe(TOPIC, admission(Trader(k), refused) if signed else accept)
+            for net, k in zip(nets, keys, strict=True)
+        ]
         with trio.fail_after(60):
             for i, j in links:
                 await nets[i].wait_subscribed(nets[j].peer_id, TOPIC)
@@ -159,9 +221,9 @@ async def testnet(args: argparse.Namespace) -> dict[str, float | int]:
 
             # 1. Propagation: one offer at a time, from random nodes.
             published: dict[bytes, tuple[int, float]] = {}
-            for n in range(args.offers):
+            for _ in range(args.offers):
                 origin = rng.randrange(args.nodes)
-                data = b"offer-%06d" % n + b"\0" * 200
+                data = orders[origin].offer()
                 all_in = trio.Event()
                 for k in range(args.nodes):
                     if k != origin:
@@ -183,11 +245,12 @@ async def testnet(args: argparse.Namespace) -> dict[str, float | int]:
             burst: list[tuple[int, bytes]] = []
             for n in range(args.orders):
                 origin = publishers[n % len(publishers)]
-                burst.append((origin, b"order-%07d" % n + b"\0" * 150))
+                burst.append((origin, orders[origin].order()))
                 for k in range(args.nodes):
                     if k != origin:
                         expected[k] += 1
-            start = time.perf_counter()
+            result["order_bytes"] = sum(len(data) for _, data in burst) / len(burst)
+            start, cpu = time.perf_counter(), time.process_time()
             async with trio.open_nursery() as pubs:
                 for origin in publishers:
 
@@ -200,11 +263,15 @@ async def testnet(args: argparse.Namespace) -> dict[str, float | int]:
             with trio.fail_after(args.orders / 50 + 30):
                 await all_in.wait()
             elapsed = time.perf_counter() - start
+            cpu = time.process_time() - cpu
             result["orders"] = args.orders
             result["orders_per_s"] = args.orders / elapsed
             result["deliveries_per_s"] = args.orders * (args.nodes - 1) / elapsed
             result["bundles"] = sum(net.stats["bundles"] for net in nets)
             result["lost"] = sum(expected) - sum(len(a) for a in arrivals)
+            # CPU of the whole process per order delivered to one node: gossip and admission.
+            result["cpu_us_per_delivery"] = cpu / (args.orders * (args.nodes - 1)) * 1e6
+            result["refused"] = len(refused)
             drains.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
     return result
@@ -218,11 +285,19 @@ def main() -> int:
     parser.add_argument("--publishers", type=int, default=4)
     parser.add_argument("--raw-mb", type=int, default=512)
     parser.add_argument("--stream-mb", type=int, default=64)
+    parser.add_argument(
+        "--validator",
+        choices=("admission", "trivial"),
+        default="admission",
+        help="admission: signed orders through Trader.receive_order (the node's); "
+        "trivial: raw bytes, accept everything",
+    )
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     started = time.perf_counter()
     r = trio.run(testnet, args)
     r["nodes"] = args.nodes
+    r["validator"] = args.validator
     r["wall_s"] = time.perf_counter() - started
     rows = [
         ("raw TCP loopback", f"{r['raw_tcp_mb_s']:.0f} MB/s", ""),
@@ -248,12 +323,28 @@ def main() -> int:
             f"{r['orders_per_s'] / 1000:.2f}x the 1,000/s goal; "
             f"{r['deliveries_per_s']:.0f} deliveries/s, lost {r['lost']}",
         ),
+        (
+            "CPU per order delivered to a node",
+            f"{r['cpu_us_per_delivery']:.0f} us",
+            f"all work / deliveries; a node with its own core: "
+            f"~{1e6 / r['cpu_us_per_delivery']:.0f} orders/s (derived)",
+        ),
     ]
-    print(f"gossip benchmark: {args.nodes} libp2p nodes in one process, loopback")
+    what = (
+        "signed orders, Trader.receive_order as validator"
+        if args.validator == "admission"
+        else "raw bytes, trivial validator"
+    )
+    print(
+        f"gossip benchmark: {args.nodes} libp2p nodes in one process, loopback; {what}; "
+        f"orders of {r['order_bytes']:.0f} bytes"
+    )
     for name, value, note in rows:
         print(f"  {name:<34} {value:>18}  {note}")
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
-    return 1 if r["lost"] else 0
+    if r["refused"]:
+        print(f"{r['refused']} orders refused by admission", file=sys.stderr)
+    return 1 if r["lost"] or r["refused"] else 0
 
 
 if __name__ == "__main__":
