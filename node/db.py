@@ -180,6 +180,11 @@ class Database:
         rows = self._job_rows("WHERE id = ?", (job_id,))
         return rows[0] if rows else None
 
+    def jobs_by_prefix(self, prefix: str) -> list[JobRow]:
+        """The jobs whose id starts with ``prefix`` (at most two: enough to see ambiguity)."""
+        escaped = prefix.replace("\\", "\\\\").replace("%", "\\%").replace("_", "\\_")
+        return self._job_rows("WHERE id LIKE ? || '%' ESCAPE '\\' LIMIT 2", (escaped,))
+
     def jobs(self) -> list[JobRow]:
         return self._job_rows("ORDER BY created_ms DESC, id", ())
 

@@ -131,7 +131,7 @@ class Peer:
         return [_job_view(j) for j in self.db.jobs()]
 
     def _job(self, job_id: str) -> JobRow:
-        found = [j for j in self.db.jobs() if j.id.startswith(job_id)] if job_id else []
+        found = self.db.jobs_by_prefix(job_id) if job_id else []
         if len(found) > 1:
             raise ApiError(400, "ambiguous-job", f"{len(found)} jobs start with {job_id!r}")
         if not found:
