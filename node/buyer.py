@@ -31,7 +31,7 @@ from node.db import Database, JobRow
 from node.market import Market
 from node.requests import bid_from_request
 from node.transport import FramedStream, NetworkError, PeerId, Stream
-from node.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
+from node.wire import BIDS_TOPIC, JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
 from protocol.book import Match
 from protocol.envelope import MessageId, Signed, open_signed
 from protocol.errors import ProtocolError, Reason
@@ -101,9 +101,11 @@ class Buyer:
 
     async def submit(self, job: JobRow, bid: Bid) -> JobRow:
         """Record ``job`` and bid for it; matching and negotiation continue in the background."""
-        self.db.add_job(job)
-        self._event(job.id, "waiting", "bid posted")
-        await self._bid(job.id, bid)
+        with self.db.atomic():  # a job is never stored without its bid
+            self.db.add_job(job)
+            self._event(job.id, "waiting", "bid posted")
+            posted = self._post(job.id, bid)
+        await self._announce(*posted)
         return self._row(job.id)
 
     def _row(self, job_id: str) -> JobRow:
@@ -112,13 +114,17 @@ class Buyer:
             raise KeyError(f"no job {job_id}")
         return job
 
-    async def _bid(self, job_id: str, bid: Bid) -> None:
+    def _post(self, job_id: str, bid: Bid) -> tuple[Signed[Bid], list[Match]]:
         order, matches = self.trader.post(
             bid, nonce=new_nonce(), now_ms=now_ms(), ttl_ms=BID_TTL_MS
         )
-        self.db.save_order(order.id, "bid", order.wire, order.expires_ms, job_id)
-        self.db.update_job(job_id, bid_id=order.id)
+        with self.db.atomic():
+            self.db.save_order(order.id, "bid", order.wire, order.expires_ms, job_id)
+            self.db.update_job(job_id, bid_id=order.id)
         self._bid_jobs[order.id] = job_id
+        return order, matches
+
+    async def _announce(self, order: Signed[Bid], matches: list[Match]) -> None:
         for match in matches:
             self._on_match(match)
         await self.market.publish(order)
@@ -133,7 +139,7 @@ class Buyer:
         cancel = self.trader.cancel(MessageId(job.bid_id), nonce=new_nonce(), now_ms=now_ms())
         self.db.drop_order(job.bid_id)
         self._event(job_id, "cancelled", "bid withdrawn")
-        await self.market.publish(cancel, topic="cx/bids/1")
+        await self.market.publish(cancel, topic=BIDS_TOPIC)
         return True
 
     # -- negotiation -------------------------------------------------------------------
@@ -321,7 +327,7 @@ class Buyer:
             "waiting",
             "bidding again" + (f" from checkpoint {checkpoint[:19]}" if checkpoint else ""),
         )
-        await self._bid(job_id, bid)
+        await self._announce(*self._post(job_id, bid))
 
     # -- statuses and receipts from providers -----------------------------------------
 
