@@ -19,12 +19,36 @@ This is the only module of the project that imports libp2p. Each pitfall of 0.8.
   10 msg/s per peer and topic, our validator and peer score do that job), adaptive gossip
   off with a fixed 1 s heartbeat (it stretched to 30-60 s), eclipse protection off by
   default (it counts distinct IPs, and a loopback testnet has one). Two queue depths have
-  no parameter in 0.8.1 and are raised in :func:`_deepen_pubsub_queues` (the one patch of
-  libp2p in the project). And the publisher paces and batches: it bundles the messages
-  queued at the moment into one pubsub message (``node/framing.py``) and holds the next
-  bundle while any peer's outbound queue is above a high-water mark, so ``publish`` blocks
-  (backpressure) instead of libp2p dropping.
+  no parameter in 0.8.1 and are raised in :func:`_deepen_pubsub_queues`. And the
+  publisher paces and batches: it bundles the messages queued at the moment into one
+  pubsub message (``node/framing.py``) and holds the next bundle while any peer's
+  outbound queue is above a high-water mark, so ``publish`` blocks (backpressure) instead
+  of libp2p dropping.
 - ``Pubsub.publish`` never yields: the publisher checkpoints after each bundle.
+- Stream throughput is CPU-bound in py-libp2p (bench/transfer.py), and two yamux defaults
+  of 0.8.1 cost about 1 ms of CPU per MB on each side. Both have no parameter and are set
+  in :func:`_tune_yamux`, with :func:`_deepen_pubsub_queues` the only changes this module
+  makes to libp2p; each is process-wide, idempotent, read by libp2p at call time, and
+  pinned by a test.
+
+  - Frame size: yamux's ``MAX_MESSAGE_SIZE`` (64 KiB, header included) exceeds a Noise
+    message (65535 - 16 tag = 65519 bytes of plaintext), so each full DATA frame was
+    encrypted, sent and decrypted as two messages, the second 17 bytes long. It is set to
+    65519: a 65507-byte payload plus the 12-byte header is exactly one Noise message.
+    The receiving side does not depend on it (it accepts frames up to the window).
+  - Window updates: with ``PY_YAMUX_RELEASE_ON_READ`` on (its default) a reader that
+    still has a full window of credit outstanding returns the bytes of every read at
+    once: one WINDOW_UPDATE frame (a Noise message each way) per read. Off, those bytes
+    wait in the stream's pending count and go back with the next update, which libp2p
+    sends as soon as a read brings the sender's credit plus the unread bytes below the
+    target window, or half a window is pending (go-yamux's batching). So an update is
+    skipped only while the sender holds credit: a reader that emptied its buffer has
+    just sent one or left the sender a full window. No stall, stream by stream, however
+    many streams share the connection (checked with a simulation of 0.8.1's code). The
+    price is memory: a stream may buffer up to 1.5 times the 16 MiB maximum window
+    instead of about 1.25 times. libp2p's only switch is that environment variable, read
+    on every read, so this module sets it (overriding the user's value, and inherited by
+    child processes, where only py-libp2p reads it).
 - Validation: one libp2p topic validator per topic decodes the bundle and runs the
   caller's validator on each item. REJECT of any item rejects the bundle (not forwarded)
   and lowers the forwarder's score; all-IGNORE drops it without penalty; otherwise the
@@ -36,12 +60,22 @@ This is the only module of the project that imports libp2p. Each pitfall of 0.8.
   otherwise leaks sockets.
 - Logging: the ``libp2p`` logger is reset by ``import libp2p`` to not propagate; it is
   reconfigured here to propagate into the application's handlers at a chosen level.
+
+Not handled: yamux's read loop (``Yamux.handle_incoming``) writes control replies itself
+(the pong to the RTT ping sent 0.5 s after a connection opens and every 30 s after, the
+ACK of each new stream) and waits for the connection's write lock to do so. When both
+peers push stream data faster than the other reads, each lock is held by a DATA write
+blocked on a full socket, neither read loop reads again, and the connection hangs,
+pubsub included. Seen on loopback with six 4 MiB streams each way, with stock settings
+and with ours; one-way bulk transfer (one peer serving, the other fetching) does not
+hang. rust-yamux has the same flaw (libp2p/rust-yamux#227).
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
+import os
 import time
 from collections.abc import AsyncIterator, Callable
 from dataclasses import dataclass, field
@@ -71,9 +105,11 @@ from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
+from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH as NOISE_MAX_PLAINTEXT
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
 from libp2p.stream_muxer.exceptions import MuxedConnError, MuxedStreamError
+from libp2p.stream_muxer.yamux import yamux as yamux_module
 from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
@@ -115,6 +151,8 @@ logger = logging.getLogger(__name__)
 
 LIBP2P_VERSION = "0.8.1"
 NOISE_ONLY = (str(NOISE_PROTOCOL_ID),)
+# A whole yamux frame (12-byte header + payload) per Noise message: see _tune_yamux.
+YAMUX_FRAME_SIZE = NOISE_MAX_PLAINTEXT  # 65535 - 16 bytes of Poly1305 tag = 65519
 
 _DIAL_ERRORS: ErrorMap = {
     InvalidAddrError: (LocalNetworkError, NetReason.BAD_ADDRESS),
@@ -211,19 +249,39 @@ def _deepen_pubsub_queues(tuning: GossipTuning) -> None:
       ``SUBSCRIPTION_CHANNEL_SIZE`` (32); ``notify_subscriptions`` drops when it is full.
 
     Both are module globals read at call time; this is process-wide, idempotent, and only
-    ever deepens. Checked by ``test_pubsub_queues_are_deepened``; revisit on upgrade.
+    ever deepens. Checked by ``test_gossipsub_is_tuned_and_pubsub_queues_are_deepened``.
     """
-    if version("libp2p") != LIBP2P_VERSION:  # pragma: no cover - guard for upgrades
-        logger.warning(
-            "libp2p %s is not %s: re-check node/p2p.py's queue patch",
-            version("libp2p"),
-            LIBP2P_VERSION,
-        )
     _DeepRpcQueue.depth = max(_DeepRpcQueue.depth, tuning.peer_queue_depth)
     pubsub_module.RpcQueue = _DeepRpcQueue  # type: ignore[attr-defined]
     pubsub_module.SUBSCRIPTION_CHANNEL_SIZE = max(
         pubsub_module.SUBSCRIPTION_CHANNEL_SIZE, tuning.subscription_depth
     )
+
+
+def _tune_yamux() -> None:
+    """Send each yamux DATA frame as one Noise message, and window updates in batches.
+
+    Both settings are explained in the module docstring ("Stream throughput").
+    ``Yamux``/``YamuxStream`` take no options, and 0.8.1 reads both at call time:
+    ``YamuxStream.write`` sizes frames from the module global ``MAX_MESSAGE_SIZE`` (the
+    frame, header included: the payload is ``MAX_MESSAGE_SIZE - HEADER_SIZE``), and
+    ``_auto_tune_and_send_window_update`` reads ``PY_YAMUX_RELEASE_ON_READ`` on each read.
+    Process-wide and idempotent. Checked by ``test_yamux_frames_fill_one_noise_message``,
+    ``test_yamux_window_updates_are_batched`` and
+    ``test_many_large_streams_complete_under_flow_control``.
+    """
+    yamux_module.MAX_MESSAGE_SIZE = YAMUX_FRAME_SIZE
+    os.environ["PY_YAMUX_RELEASE_ON_READ"] = "0"
+
+
+def _check_libp2p_version() -> None:
+    if version("libp2p") != LIBP2P_VERSION:  # pragma: no cover - guard for upgrades
+        logger.warning(
+            "libp2p %s is not %s: re-check node/p2p.py's settings of libp2p internals "
+            "(_deepen_pubsub_queues, _tune_yamux)",
+            version("libp2p"),
+            LIBP2P_VERSION,
+        )
 
 
 class _VerdictScorer(PeerScorer):
@@ -666,7 +724,9 @@ async def serve_network(
     config = config or P2PConfig()
     tuning = config.gossip
     configure_libp2p_logging(config.log_level)
+    _check_libp2p_version()
     _deepen_pubsub_queues(tuning)
+    _tune_yamux()
     host = _build_host(key, config)
     router = GossipSub(
         protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],
