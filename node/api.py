@@ -138,11 +138,9 @@ JOB_STATES = (
     "cancelled",
     "error",
 )
-# States a job never leaves on its own account. ``preempted`` and ``provider-fault`` are not
-# among them: the node either matches the job again or has it receipted.
-FINAL_STATES = frozenset(
-    {"succeeded", "failed", "timed-out", "receipted", "settled", "cancelled", "error"}
-)
+# States a job never leaves. Not ``preempted`` or ``provider-fault`` (the node bids for the
+# job again), nor ``settled`` (the receipt is recorded, then the job's end state follows).
+FINAL_STATES = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
 
 Json = dict[str, Any]
 

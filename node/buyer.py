@@ -30,7 +30,14 @@ from node.clock import new_nonce, now_ms
 from node.db import Database, JobRow
 from node.market import Market
 from node.requests import bid_from_request
-from node.transport import FramedStream, NetworkError, PeerId, Stream
+from node.transport import (
+    FramedStream,
+    NetReason,
+    NetworkError,
+    PeerId,
+    RemoteNetworkError,
+    Stream,
+)
 from node.wire import BIDS_TOPIC, JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
 from protocol.book import Match
 from protocol.envelope import MessageId, Signed, open_signed
@@ -185,8 +192,7 @@ class Buyer:
                     await stream.send_frame(proposal.wire)
                     answer = await stream.receive_frame()
                     if answer is None:
-                        read_control(answer)  # raises: closed without answering
-                        return None
+                        raise RemoteNetworkError(NetReason.CLOSED, "no answer to the proposal")
                     reply = self.trader.receive_reply(answer, now_ms=now_ms())
                     if not isinstance(reply.payload, Accept):
                         why = f"{reply.payload.reason} {reply.payload.detail}".strip()

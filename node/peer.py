@@ -31,7 +31,7 @@ import trio
 
 from node import attestor as attestation
 from node import swtpm, transfer
-from node.api import ApiError, serve_api, write_api_info
+from node.api import FINAL_STATES, ApiError, serve_api, write_api_info
 from node.buyer import Buyer
 from node.clock import now_ms
 from node.db import Database, JobRow
@@ -52,8 +52,6 @@ if TYPE_CHECKING:
 __all__ = ["Peer", "open_peer", "serve_peer"]
 
 log = logging.getLogger(__name__)
-
-_TERMINAL = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
 
 
 class Peer:
@@ -150,7 +148,7 @@ class Peer:
 
     async def wait(self, job_id: str) -> dict[str, Any]:
         """Wait until the job has ended (succeeded, failed, timed out, cancelled)."""
-        while (job := self._job(job_id)).state not in _TERMINAL:
+        while (job := self._job(job_id)).state not in FINAL_STATES:
             await self.buyer.changed.wait()
         return _job_view(job)
 
@@ -235,34 +233,18 @@ class Peer:
         book = self._market.trader.book
         now = now_ms()
         classes: dict[str, dict[str, Any]] = {}
+
+        def of(name: str) -> dict[str, Any]:
+            empty = {"class": name, "offers": 0, "bids": 0, "best_cpu_core_hour": None}
+            return classes.setdefault(name, {**empty, "last_prices": []})
+
         for resting in book.live_offers(now):
-            name = resource_class(resting.offer)
-            c = classes.setdefault(
-                name,
-                {
-                    "class": name,
-                    "offers": 0,
-                    "bids": 0,
-                    "best_cpu_core_hour": None,
-                    "last_prices": [],
-                },
-            )
+            c = of(resource_class(resting.offer))
             c["offers"] += 1
-            price = resting.offer.prices.cpu_core_hour
-            c["best_cpu_core_hour"] = (
-                price if c["best_cpu_core_hour"] is None else min(price, c["best_cpu_core_hour"])
-            )
+            price, best = resting.offer.prices.cpu_core_hour, c["best_cpu_core_hour"]
+            c["best_cpu_core_hour"] = price if best is None else min(price, best)
         for trade in self._market.trades:
-            c = classes.setdefault(
-                trade.resource_class,
-                {
-                    "class": trade.resource_class,
-                    "offers": 0,
-                    "bids": 0,
-                    "best_cpu_core_hour": None,
-                    "last_prices": [],
-                },
-            )
+            c = of(trade.resource_class)
             c["last_prices"] = (c["last_prices"] + [trade.cpu_core_hour])[-5:]
         bids = sum(1 for b in book.bids.values() if b.order.expires_ms > now)
         return {

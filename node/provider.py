@@ -348,8 +348,9 @@ class Provider:
     async def _serve_ping(self, raw: Stream) -> None:
         stream = FramedStream(raw)
         asked = read_control(await stream.receive_frame())
-        job = self.trader.jobs.get(bytes(asked.get("agreement", b"")))
-        agreement = self.trader.agreements.get(bytes(asked.get("agreement", b"")))
+        agreement_id = bytes(asked.get("agreement", b""))
+        job = self.trader.jobs.get(agreement_id)
+        agreement = self.trader.agreements.get(agreement_id)
         mine = agreement is not None and PublicKey(agreement.terms.buyer).peer_id == raw.remote_peer
         await stream.send_frame(control(state=job.state.value if job and mine else None))
 

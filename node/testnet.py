@@ -20,12 +20,13 @@ import subprocess
 import sys
 import tempfile
 import time
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
 from node import swtpm
+from node.api import FINAL_STATES
 from node.client import ApiClient, ClientError
 from node.home import Home, NodeConfig, ProviderConfig, init_home
 from node.image import build_rootfs, host_arch, import_image
@@ -40,7 +41,6 @@ MIB = 1 << 20
 GIB = 1 << 30
 START_TIMEOUT_S = 30.0
 POLL_S = 0.1
-TERMINAL = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
 
 
 @dataclass(frozen=True, slots=True)
@@ -354,17 +354,6 @@ class Testnet:
 
 def _settled(view: dict[str, Any]) -> bool:
     """Done with, for the demo: ended, or (for a bid meant not to match) still waiting."""
-    return view["state"] in TERMINAL or (
+    return view["state"] in FINAL_STATES or (
         view["expect"] == "unmatched" and view["state"] == "waiting"
     )
-
-
-@contextlib.contextmanager
-def running(providers: int = 3, buyers: int = 2, **options: Any) -> Iterator[Testnet]:  # noqa: ANN401
-    """A started testnet, stopped (and its temporary root removed) on exit."""
-    net = Testnet(providers, buyers, **options)
-    try:
-        net.start()
-        yield net
-    finally:
-        net.stop()

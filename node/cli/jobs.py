@@ -66,8 +66,8 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
 
     cancel = commands.add_parser(
         "cancel",
-        help="cancel a job",
-        description="Cancel JOB: withdraw its bid, or stop it where it runs.",
+        help="cancel a job that has not been matched yet",
+        description="Cancel JOB while it waits for a match: its bid is withdrawn everywhere.",
     )
     cancel.add_argument("job", metavar="JOB")
     add_common(cancel, json_help="print the JobView as JSON")
