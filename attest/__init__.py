@@ -1,7 +1,7 @@
 """Attestation: pure verifiers for TPM 2.0 quotes and AMD SEV-SNP reports, and producers.
 
 The verifiers, binding, policy and enrolment steps are re-exported here; the producers
-(``attest.tpm_producer``, ``attest.snp_producer``) touch devices and are imported by name.
+(``attest.producers.tpm``, ``attest.producers.snp``) touch devices and are imported by name.
 """
 
 from attest.binding import snp_report_data, tpm_qualifying_data

@@ -1,7 +1,7 @@
 """TPM enrolment as an exchange of signed messages (spec/attestation.md §3.1).
 
 The pure steps of credential activation between a buyer (verifier) and a provider;
-``node/attestor.py`` carries their bytes over a stream and talks to the TPM::
+``node/tpm/attestor.py`` carries their bytes over a stream and talks to the TPM::
 
     provider                                 buyer
     Enrolment (EK cert, EK, AK)      ---->   open_enrolment, challenge_enrolment

@@ -30,13 +30,13 @@ from pathlib import Path
 
 import trio
 
-from node import mounts
-from node.cgroups import CgroupMode
-from node.executor import Executor, ExecutorConfig
-from node.image import MT_LAYER_TAR, build_rootfs, import_image, write_layout
-from node.ocispec import JobConfig, build_config
-from node.runtime import choose_runtime
-from node.store import BlobStore
+from node.exec import mounts
+from node.exec.cgroups import CgroupMode
+from node.exec.executor import Executor, ExecutorConfig
+from node.exec.ocispec import JobConfig, build_config
+from node.exec.runtime import choose_runtime
+from node.storage.image import MT_LAYER_TAR, build_rootfs, import_image, write_layout
+from node.storage.store import BlobStore
 from protocol.messages import JobSpec, Resources
 
 MiB = 1 << 20

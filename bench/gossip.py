@@ -1,7 +1,7 @@
 """Network benchmark: gossip propagation and rate over real libp2p, beside raw baselines.
 
 Measures in one run, on loopback, in one process (so 1 core does all the nodes' work):
-- raw TCP throughput (trio sockets) and one yamux stream through node/p2p.py (Noise +
+- raw TCP throughput (trio sockets) and one yamux stream through node/net/p2p.py (Noise +
   yamux), and their ratio;
 - dial latency of P2PNetwork.connect (libp2p's happy-eyeballs wait would make it >= 250 ms);
 - a testnet of N nodes, each dialing 3 earlier ones: offer propagation to *every* node,
@@ -11,7 +11,7 @@ Measures in one run, on loopback, in one process (so 1 core does all the nodes' 
 The gossip is what a node gossips: offers and bids signed by the publishing node's key
 (Trader.post), and every node's topic validator is the node's own admission,
 ``Trader.receive_order`` (decode, signature, expiry, replay, book insert, matching), as in
-node/market.py; a rejected order fails the run. Orders are signed before their clock
+node/market/gossip.py; a rejected order fails the run. Orders are signed before their clock
 starts (the rate phase's all before the burst). ``--validator trivial`` gossips raw bytes
 and accepts everything instead, to see what admission costs.
 Every node's admission runs on the one core this process has, so the network-wide rate is
@@ -38,8 +38,8 @@ import trio
 from factories import HOUR_MS, Nonces, bid, offer
 
 from node.clock import now_ms
-from node.p2p import P2PNetwork, serve_network
-from node.transport import FramedStream, Gossip, PeerId, ProtocolId, Stream, Validator, Verdict
+from node.net.p2p import P2PNetwork, serve_network
+from node.net.transport import FramedStream, Gossip, PeerId, ProtocolId, Stream, Validator, Verdict
 from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
 from protocol.trader import Trader
@@ -54,7 +54,7 @@ def accept(sender: PeerId, data: bytes) -> Verdict:
 
 
 def admission(trader: Trader, refused: list[str]) -> Validator:
-    """The node's own admission (node/market.py's validator, less its bookkeeping)."""
+    """The node's own admission (node/market/gossip.py's validator, less its bookkeeping)."""
 
     def validate(sender: PeerId, data: bytes) -> Verdict:
         try:

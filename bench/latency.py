@@ -41,11 +41,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio
 
 from bench.executor import bare_lifecycle
-from node.executor import Executor
-from node.home import NodeConfig, ProviderConfig, init_home
-from node.image import build_rootfs, import_image
+from node.exec.executor import Executor
 from node.peer import Peer, open_peer
-from node.store import BlobStore
+from node.storage.home import NodeConfig, ProviderConfig, init_home
+from node.storage.image import build_rootfs, import_image
+from node.storage.store import BlobStore
 from protocol.messages import Arch, Prices, Resources
 
 COMMAND = ["/bin/true"]  # what bare_lifecycle runs, so the two rows compare the same job

@@ -2,14 +2,14 @@
 
 Measures in one run:
 - raw TCP throughput on loopback (trio sockets, the same bytes, nothing stored);
-- one yamux stream through node/p2p.py (Noise + yamux), the bytes discarded;
+- one yamux stream through node/net/p2p.py (Noise + yamux), the bytes discarded;
 - node/transfer.fetch_blob of a ``--size-mb`` blob from node A's store into node B's:
   chunked, verified, written and fsynced by BlobStore.put_chunk, hashed whole at the end;
   ``--repeat`` times into an empty store, with the CPU each side spent per MB. CPU per MB
   is the steadier figure on a shared machine: py-libp2p is CPU-bound in Python.
 Node A runs in a child process (``--serve``), as a peer would; ``--one-process`` runs both
 nodes in this process instead (one core for both, as in bench/gossip.py). ``--streams`` and
-``--batch`` override node.transfer's streams per peer and chunks per request.
+``--batch`` override node.storage.transfer's streams per peer and chunks per request.
 Goal (issue 5): fetch_blob >= 150 MB/s. Prints a table, then one JSON line.
 """
 
@@ -30,10 +30,10 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio
 
-from node import transfer
-from node.p2p import serve_network
-from node.store import BlobStore
-from node.transport import FramedStream, Network, PeerId, ProtocolId, Stream
+from node.net.p2p import serve_network
+from node.net.transport import FramedStream, Network, PeerId, ProtocolId, Stream
+from node.storage import transfer
+from node.storage.store import BlobStore
 from protocol.identity import PrivateKey
 
 SOURCE = ProtocolId("/cx/bench/source/1")  # sends as many zero bytes as asked

@@ -19,8 +19,8 @@ from pathlib import Path
 import trio
 
 from node.clock import new_nonce, now_ms
-from node.executor import Executor, ExecutorConfig
-from node.image import build_rootfs, import_image
+from node.exec.executor import Executor, ExecutorConfig
+from node.storage.image import build_rootfs, import_image
 from protocol.book import Explanation, Match
 from protocol.envelope import MessageId
 from protocol.identity import PrivateKey

@@ -8,11 +8,11 @@
         done = await peer.wait(job["id"])
 
 :func:`serve_peer` runs one node inside the caller's nursery (``nursery.start``): the
-libp2p network (or a network the caller passes, such as ``node.memnet`` in tests), the
+libp2p network (or a network the caller passes, such as ``node.net.memnet`` in tests), the
 market, the buyer role, the provider role when the home's config offers capacity, blob
 transfer, TPM enrolment, and the control API on 127.0.0.1 (``api.json`` in the home).
-:class:`Peer`'s methods are the control API's (node/api.py): they return JSON-able values
-and raise :class:`~node.api.ApiError` for what the caller got wrong.
+:class:`Peer`'s methods are the control API's (node/api/server.py): they return JSON-able values
+and raise :class:`~node.api.server.ApiError` for what the caller got wrong.
 """
 
 from __future__ import annotations
@@ -29,25 +29,26 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node import attestor as attestation
-from node import swtpm, transfer
-from node.api import FINAL_STATES, ApiError, serve_api, write_api_info
-from node.buyer import Buyer
+from node.api.server import FINAL_STATES, ApiError, serve_api, write_api_info
 from node.clock import now_ms
-from node.db import Database, JobRow
-from node.executor import Executor, ExecutorConfig
-from node.home import Home, HomeError, NodeConfig
-from node.market import Market, resource_class
-from node.provider import Provider
-from node.requests import RequestError, bid_from_request, resolve
-from node.store import BlobStore
-from node.transport import Network, NetworkError
+from node.exec.executor import Executor, ExecutorConfig
+from node.market.buyer import Buyer
+from node.market.gossip import Market, resource_class
+from node.market.provider import Provider
+from node.market.request import RequestError, bid_from_request, resolve
+from node.net.transport import Network, NetworkError
+from node.storage import transfer
+from node.storage.db import Database, JobRow
+from node.storage.home import Home, HomeError, NodeConfig
+from node.storage.store import BlobStore
+from node.tpm import attestor as attestation
+from node.tpm import swtpm
 from protocol.envelope import MessageId
 from protocol.identity import PrivateKey, PublicKey
 from protocol.trader import Trader
 
 if TYPE_CHECKING:
-    from trio_typing import TaskStatus  # see node/memnet.py: trio-stubs shadow trio
+    from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
 
 __all__ = ["Peer", "open_peer", "serve_peer"]
 
@@ -391,7 +392,7 @@ async def serve_peer(
 async def _libp2p(
     key: PrivateKey, config: NodeConfig, *, task_status: TaskStatus[Any] = trio.TASK_STATUS_IGNORED
 ) -> None:
-    from node.p2p import P2PConfig, serve_network
+    from node.net.p2p import P2PConfig, serve_network
 
     await serve_network(
         key,

@@ -25,12 +25,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from node import swtpm
-from node.api import FINAL_STATES
-from node.client import ApiClient, ClientError
-from node.home import Home, NodeConfig, ProviderConfig, init_home
-from node.image import build_rootfs, host_arch, import_image
-from node.store import BlobStore
+from node.api.client import ApiClient, ClientError
+from node.api.server import FINAL_STATES
+from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
+from node.storage.image import build_rootfs, host_arch, import_image
+from node.storage.store import BlobStore
+from node.tpm import swtpm
 from protocol.messages import Arch, Prices, Resources
 
 __all__ = ["WORKLOAD", "JobPlan", "Node", "Testnet", "Verdict"]

@@ -16,9 +16,9 @@ from typing import Any
 
 from attest.errors import AttestError, EvidenceError
 from attest.evidence import to_record
+from attest.producers.snp import SnpProducer
 from attest.snp import REPORT_SIZE, SnpFacts, verify_report
 from attest.snp_certs import load_vcek_chain
-from attest.snp_producer import SnpProducer
 from attest.tpm import QuoteFacts, load_attestation_key, verify_quote
 
 __all__ = ["register"]
@@ -176,7 +176,7 @@ def _show(args: argparse.Namespace) -> int:
         if not args.verbose:
             os.environ.setdefault("TSS2_LOG", "all+none")
         try:
-            from attest.tpm_producer import TpmProducer  # tpm2-pytss is an optional extra
+            from attest.producers.tpm import TpmProducer  # tpm2-pytss is an optional extra
 
             with TpmProducer(args.tcti) as producer:
                 quote = producer.quote(nonce, selection)

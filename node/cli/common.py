@@ -16,9 +16,9 @@ from collections.abc import Callable, Collection, Sequence
 from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
-from node.api import ApiError
-from node.client import ApiClient, ClientError
-from node.home import default_home
+from node.api.client import ApiClient, ClientError
+from node.api.server import ApiError
+from node.storage.home import default_home
 
 __all__ = [
     "EXIT_NO_NODE",
@@ -62,7 +62,7 @@ def client(args: argparse.Namespace) -> ApiClient:
     """The client for the node of ``args.home``.
 
     Raises:
-        NodeNotRunning, ClientError: see node/client.py.
+        NodeNotRunning, ClientError: see node/api/client.py.
     """
     return ApiClient.from_home(args.home)
 

@@ -19,8 +19,8 @@ from typing import Any
 import trio
 
 from node.cli.image import add_home_option, resolve_image
-from node.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
-from node.image import ImageError
+from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
+from node.storage.image import ImageError
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
 
 __all__ = ["register"]

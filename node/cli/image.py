@@ -1,7 +1,7 @@
 """``cx image``: build, import, list and collect OCI images in the node's content store.
 
-The store lives in the node's home (``node.home.default_home``): containers run as a mapped uid, so
-every directory above it must be searchable by others.
+The store lives in the node's home (``node.storage.home.default_home``): containers run as
+a mapped uid, so every directory above it must be searchable by others.
 
 Exit status: 0 done (the manifest digest alone on stdout for build-rootfs and import),
 2 unusable input (one line on stderr saying what to do).
@@ -15,15 +15,15 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from node.home import default_home
-from node.image import (
+from node.storage.home import default_home
+from node.storage.image import (
     ImageError,
     RootfsCache,
     build_rootfs,
     import_image,
     list_images,
 )
-from node.store import BlobStore
+from node.storage.store import BlobStore
 
 __all__ = ["add_home_option", "register", "resolve_image"]
 

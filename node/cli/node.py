@@ -11,8 +11,8 @@ from typing import Any
 import trio
 
 from node.cli.common import add_common, cpu, parse_credits, print_json, size_bytes
-from node.home import DEFAULT_LISTEN, Home, HomeError, NodeConfig, ProviderConfig, init_home
-from node.image import host_arch
+from node.storage.home import DEFAULT_LISTEN, Home, HomeError, NodeConfig, ProviderConfig, init_home
+from node.storage.image import host_arch
 from protocol.messages import Arch, Prices, Resources
 
 GIB = 1 << 30
@@ -168,7 +168,7 @@ def _node(args: argparse.Namespace) -> int:
 
 
 async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:
-    from node.api import clear_api_info  # imported here: keeps `cx --help` fast
+    from node.api.server import clear_api_info  # imported here: keeps `cx --help` fast
     from node.peer import serve_peer
 
     async with trio.open_nursery() as nursery:

@@ -1,7 +1,7 @@
 """``cx run``: submit a job to the market through the running node and follow it, as
 ``docker run`` does for a local container.
 
-The request goes to the node's control API (node/api.py); the node bids, negotiates,
+The request goes to the node's control API (node/api/server.py); the node bids, negotiates,
 transfers and collects. Progress (each state the job enters) goes to stderr, the job's own
 stdout to stdout once it has ended. Exit status: see ``_EPILOG``.
 """
@@ -15,7 +15,8 @@ import time
 from pathlib import Path
 from typing import Any
 
-from node.api import FINAL_STATES, ApiError
+from node.api.client import ApiClient, ClientError
+from node.api.server import FINAL_STATES, ApiError
 from node.cli.common import (
     add_common,
     client,
@@ -27,9 +28,8 @@ from node.cli.common import (
     size_bytes,
 )
 from node.cli.image import resolve_image
-from node.client import ApiClient, ClientError
-from node.image import ImageError
-from node.store import BlobStore
+from node.storage.image import ImageError
+from node.storage.store import BlobStore
 
 __all__ = ["register"]
 

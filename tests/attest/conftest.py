@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from node import swtpm
+from node.tpm import swtpm
 
 
 @pytest.fixture(scope="session")

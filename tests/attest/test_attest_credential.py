@@ -9,7 +9,7 @@ import pytest
 
 from attest.credential import kdfa, kdfe, make_credential
 from attest.errors import AttestUsageError, ProducerError, Reason
-from attest.tpm_producer import TpmProducer
+from attest.producers.tpm import TpmProducer
 from attest.tpm_structs import Alg, parse_public
 
 

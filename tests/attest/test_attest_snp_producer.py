@@ -8,7 +8,7 @@ import uuid
 import pytest
 
 from attest.errors import ProducerError, Reason
-from attest.snp_producer import SnpProducer, parse_cert_table
+from attest.producers.snp import SnpProducer, parse_cert_table
 
 
 def test_not_a_guest_cannot_produce(tmp_path):

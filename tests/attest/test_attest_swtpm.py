@@ -13,9 +13,9 @@ from attest.binding import tpm_qualifying_data
 from attest.credential import check_activation, make_challenge
 from attest.errors import EvidenceError, ProducerError, Reason
 from attest.evidence import TPM_KIND, decode_pcrs, verify_evidence
+from attest.producers.tpm import TpmProducer, ak_template
 from attest.tpm import load_attestation_key, verify_quote
-from attest.tpm_producer import TpmProducer, ak_template
-from node import swtpm
+from node.tpm import swtpm
 from protocol.messages import Evidence, TrustLevel, TrustRequirement
 
 pytestmark = pytest.mark.integration

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trio
 
-from node.api import ApiError
+from node.api.server import ApiError
 
 TOKEN = "test-token-0123456789"
 PEER_A = "12D3KooWProviderAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
@@ -37,7 +37,7 @@ def job_view(job_id: str, **fields) -> dict:
 
 
 class FakeController:
-    """Implements node.api.Controller with in-memory jobs."""
+    """Implements node.api.server.Controller with in-memory jobs."""
 
     def __init__(self) -> None:
         self.views: dict[str, dict] = {}

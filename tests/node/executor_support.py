@@ -8,8 +8,8 @@ import subprocess
 import tempfile
 from pathlib import Path
 
-from node.executor import Executor, ExecutorConfig
-from node.image import Entry, busybox_entries, import_image, write_layout
+from node.exec.executor import Executor, ExecutorConfig
+from node.storage.image import Entry, busybox_entries, import_image, write_layout
 from protocol.messages import ExitReason, JobSpec, Resources
 
 MiB = 1024 * 1024

@@ -11,7 +11,7 @@ import pytest
 import trio
 from api_support import NOW_MS, TOKEN, FakeController
 
-from node.api import (
+from node.api.server import (
     MAX_WAIT_S,
     ApiError,
     check_submit,
@@ -235,7 +235,7 @@ async def test_oversized_bodies_are_413(server):
 
 async def test_a_controller_bug_is_500_logged_and_the_server_goes_on(server, caplog):
     server.fake.broken = True
-    with caplog.at_level(logging.ERROR, logger="node.api"):
+    with caplog.at_level(logging.ERROR, logger="node.api.server"):
         status, body = await server.request("GET", "/v1/peers")
     assert (status, error_code(body)) == (500, "internal")
     assert "RuntimeError" in body["error"]["message"]

@@ -1,4 +1,4 @@
-"""TPM enrolment over the network against a real swtpm (node/attestor.py): after enrolment a
+"""TPM enrolment over the network against a real swtpm (node/tpm/attestor.py): after enrolment a
 buyer verifies the provider's quotes; wrong roots, wrong secrets and wrong signers are
 refused. Over the in-memory network, and once end to end over libp2p.
 
@@ -21,10 +21,13 @@ import trio
 
 from attest.errors import AttestUsageError, InvalidEvidence, Reason
 from attest.evidence import verify_evidence
+from attest.producers.tpm import TpmProducer
 from attest.tpm import QuoteFacts
-from attest.tpm_producer import TpmProducer
-from node import swtpm
-from node.attestor import (
+from node.net.memnet import MemoryHub, MemoryNetwork, serve_memory_network
+from node.net.p2p import serve_network
+from node.net.transport import FramedStream, NetReason, Network
+from node.tpm import swtpm
+from node.tpm.attestor import (
     ENROL_PROTOCOL,
     AkTrust,
     EnrolmentRefused,
@@ -34,9 +37,6 @@ from node.attestor import (
     open_swtpm_attestor,
     serve_enrolment,
 )
-from node.memnet import MemoryHub, MemoryNetwork, serve_memory_network
-from node.p2p import serve_network
-from node.transport import FramedStream, NetReason, Network
 from protocol.envelope import Signed, seal
 from protocol.errors import Reason as ProtocolReason
 from protocol.identity import PrivateKey

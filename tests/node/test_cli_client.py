@@ -14,10 +14,10 @@ import pytest
 import trio
 from api_support import NOW_MS, PEER_A, TOKEN, FakeController
 
-from node.api import ApiError, serve_api, write_api_info
+from node.api.client import ApiClient, NodeNotRunning
+from node.api.server import ApiError, serve_api, write_api_info
 from node.cli import main
 from node.cli.common import credits, parse_credits, table
-from node.client import ApiClient, NodeNotRunning
 
 DIGEST = "sha256:" + "cd" * 32
 

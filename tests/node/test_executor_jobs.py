@@ -18,8 +18,8 @@ from executor_support import (
     spec,
 )
 
-from node.cgroups import CgroupMode
-from node.executor import CapacityExceeded
+from node.exec.cgroups import CgroupMode
+from node.exec.executor import CapacityExceeded
 from protocol.messages import Checkpoint, DataRef, ExitReason, Resources
 
 pytestmark = pytest.mark.integration

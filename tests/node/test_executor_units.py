@@ -6,7 +6,7 @@ from pathlib import Path
 
 import pytest
 
-from node.cgroups import (
+from node.exec.cgroups import (
     CgroupMode,
     JobCgroup,
     parse_blkio,
@@ -17,8 +17,8 @@ from node.cgroups import (
     read_counters,
     v1_mounts,
 )
-from node.gpu import GpuDevice, detect_gpus, parse_ldconfig, parse_nvidia_smi, wire_gpus
-from node.ocispec import Bind, JobConfig, build_config
+from node.exec.gpu import GpuDevice, detect_gpus, parse_ldconfig, parse_nvidia_smi, wire_gpus
+from node.exec.ocispec import Bind, JobConfig, build_config
 from protocol.messages import ExitReason
 from protocol.usage import Observation, classify, exit_code_of
 

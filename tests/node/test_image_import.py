@@ -10,7 +10,7 @@ import tarfile
 
 import pytest
 
-from node.image import (
+from node.storage.image import (
     ID_MAP_BASE,
     Entry,
     ImageError,
@@ -22,7 +22,7 @@ from node.image import (
     pack_layer,
     write_layout,
 )
-from node.store import BlobStore
+from node.storage.store import BlobStore
 
 
 @pytest.fixture

@@ -1,7 +1,7 @@
 """The market of whole nodes (node/peer.py) over the in-memory network, with real containers.
 
 Every node is a real ``serve_peer`` on its own home (SQLite, store, executor running crun
-or runc); only the network is node/memnet.py, so a node can be stopped as abruptly as a
+or runc); only the network is node/net/memnet.py, so a node can be stopped as abruptly as a
 crash (its task tree is cancelled and it leaves the hub) and restarted on the same home.
 No sleeps to synchronise: tests wait for a job's state with ``Peer.wait`` or poll what a
 node can be seen to hold (its database, its book), each bounded by ``trio.fail_after``.
@@ -22,14 +22,14 @@ import trio
 import trio.testing
 from executor_support import searchable_dir
 
-from node.api import ApiError
+from node.api.server import ApiError
 from node.clock import new_nonce, now_ms
-from node.home import Home, NodeConfig, ProviderConfig, init_home
-from node.image import busybox_entries, import_image, write_layout
-from node.memnet import MemoryHub, serve_memory_network
+from node.net.memnet import MemoryHub, serve_memory_network
+from node.net.wire import OFFERS_TOPIC
 from node.peer import Peer, serve_peer
-from node.store import BlobStore
-from node.wire import OFFERS_TOPIC
+from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
+from node.storage.image import busybox_entries, import_image, write_layout
+from node.storage.store import BlobStore
 from protocol.envelope import Signed, domain_of, open_signed, seal
 from protocol.errors import Reason
 from protocol.identity import PrivateKey
@@ -332,7 +332,7 @@ async def test_a_provider_that_vanishes_mid_job_is_paid_nothing_and_the_job_runs
     """Missed heartbeats make the provider at fault: the job is bid again and runs on
     another provider, and the vanished one is paid nothing, also when it comes back and
     reports the interrupted job."""
-    monkeypatch.setattr("node.buyer.HEARTBEAT_S", 0.1)
+    monkeypatch.setattr("node.market.buyer.HEARTBEAT_S", 0.1)
     async with cluster(image_layout) as c:
         cheap = await c.provider("cheap", price=80_000_000)
         dear = await c.provider("dear", price=PRICE)
@@ -374,7 +374,7 @@ async def test_a_restarted_provider_reports_the_interrupted_job_as_its_fault_and
 ) -> None:
     """A provider restarted on its home after a crash does not run the interrupted job
     again: it signs a provider-fault receipt, the buyer settles it at zero and bids again."""
-    monkeypatch.setattr("node.buyer.HEARTBEAT_S", 60.0)  # the receipt, not silence, decides
+    monkeypatch.setattr("node.market.buyer.HEARTBEAT_S", 60.0)  # the receipt, not silence, decides
     async with cluster(image_layout) as c:
         provider = await c.provider("provider")
         buyer = await c.buyer("buyer")
@@ -426,7 +426,7 @@ async def test_a_restarted_buyer_follows_its_job_to_the_end_and_settles_it_once(
     """A buyer that crashed while its job runs resumes from its database: the status whose
     answer the crash cut off comes again and changes nothing, the receipt the provider kept
     in its outbox is taken and settled once, and the ledger survives a further restart."""
-    monkeypatch.setattr("node.provider.RETRY_S", 0.1)
+    monkeypatch.setattr("node.market.provider.RETRY_S", 0.1)
     async with cluster(image_layout) as c:
         provider = await c.provider("provider")
         buyer = await c.buyer("buyer")

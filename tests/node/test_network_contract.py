@@ -1,6 +1,6 @@
-"""The Network contract (node/transport.py), run against both implementations.
+"""The Network contract (node/net/transport.py), run against both implementations.
 
-``memory`` is node/memnet.py; ``libp2p`` is node/p2p.py on loopback (integration). No
+``memory`` is node/net/memnet.py; ``libp2p`` is node/net/p2p.py on loopback (integration). No
 sleeps: every wait is on an event or a channel, bounded by trio.fail_after.
 """
 
@@ -13,9 +13,9 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trio
 
-from node.memnet import MemoryHub, serve_memory_network
-from node.p2p import serve_network
-from node.transport import (
+from node.net.memnet import MemoryHub, serve_memory_network
+from node.net.p2p import serve_network
+from node.net.transport import (
     DialError,
     FramedStream,
     Gossip,

@@ -1,4 +1,4 @@
-"""Frames and bundles (node/framing.py): round trips, caps, and only FramingError."""
+"""Frames and bundles (node/net/framing.py): round trips, caps, and only FramingError."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
-from node.framing import (
+from node.net.framing import (
     FrameDecoder,
     FramingError,
     bundle_size,

@@ -1,4 +1,4 @@
-"""node/p2p.py over real libp2p 0.8.1 on loopback: one test per pitfall of PLATFORM.md.
+"""node/net/p2p.py over real libp2p 0.8.1 on loopback: one test per pitfall of PLATFORM.md.
 
 Each of these would fail after a libp2p upgrade that changed the behaviour it guards.
 No sleeps to synchronise; waits are bounded by trio.fail_after.
@@ -31,8 +31,8 @@ from libp2p.security.secio.transport import ID as SECIO_PROTOCOL_ID
 from libp2p.security.secio.transport import Transport as SecioTransport
 from libp2p.stream_muxer.yamux import yamux as yamux_module
 
-from node.p2p import GossipTuning, P2PConfig, P2PNetwork, serve_network
-from node.transport import (
+from node.net.p2p import GossipTuning, P2PConfig, P2PNetwork, serve_network
+from node.net.transport import (
     DialError,
     FramedStream,
     Gossip,
@@ -252,7 +252,7 @@ async def test_bootstrap_and_dht() -> None:
             nursery.cancel_scope.cancel()
 
 
-# -- stream throughput: yamux frame size and window updates (node/p2p.py, _tune_yamux) ----
+# -- stream throughput: yamux frame size and window updates (node/net/p2p.py, _tune_yamux) ----
 
 
 async def source(stream: Stream) -> None:
@@ -374,7 +374,7 @@ async def test_many_large_streams_complete_under_flow_control(
     reports no window overrun and no timed-out wait for a window update.
 
     One direction only: with both directions saturated 0.8.1's yamux can deadlock
-    whatever this setting (see node/p2p.py, "Not handled")."""
+    whatever this setting (see node/net/p2p.py, "Not handled")."""
     caplog.set_level(logging.WARNING)
     total = 4 << 20
     read_sizes = [4096, 65536, 1 << 20, 100_000, 7_000_000]

@@ -6,7 +6,7 @@ import os
 
 import pytest
 
-from node.store import BlobNotFound, BlobStore, CorruptBlob
+from node.storage.store import BlobNotFound, BlobStore, CorruptBlob
 from protocol.content import CHUNK_SIZE, ChunkManifest
 from protocol.errors import InvalidMessage
 

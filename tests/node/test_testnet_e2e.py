@@ -13,7 +13,7 @@ from typing import Any, TypeVar
 
 import pytest
 
-from node.client import ApiClient
+from node.api.client import ApiClient
 from node.testnet import WORKLOAD, JobPlan, Testnet
 
 pytestmark = pytest.mark.integration

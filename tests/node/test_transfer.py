@@ -1,4 +1,4 @@
-"""Blob and image transfer (node/transfer.py) between peers.
+"""Blob and image transfer (node/storage/transfer.py) between peers.
 
 Over the in-memory network, plus one transfer over real libp2p on loopback. Serving stores
 are BlobStore subclasses that count (or falsify) what they serve: real counters, no mocks.
@@ -13,12 +13,18 @@ from collections.abc import AsyncIterator, Callable
 import pytest
 import trio
 
-from node.image import build_rootfs, image_config, import_image
-from node.memnet import MemoryHub, serve_memory_network
-from node.p2p import serve_network
-from node.store import BlobStore
-from node.transfer import TransferError, TransferReason, fetch_blob, fetch_image, serve_blobs
-from node.transport import Network, PeerId
+from node.net.memnet import MemoryHub, serve_memory_network
+from node.net.p2p import serve_network
+from node.net.transport import Network, PeerId
+from node.storage.image import build_rootfs, image_config, import_image
+from node.storage.store import BlobStore
+from node.storage.transfer import (
+    TransferError,
+    TransferReason,
+    fetch_blob,
+    fetch_image,
+    serve_blobs,
+)
 from protocol.content import CHUNK_SIZE, ChunkManifest, digest_of
 from protocol.identity import PrivateKey
 

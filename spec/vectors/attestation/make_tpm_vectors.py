@@ -16,8 +16,8 @@ from typing import Any
 
 sys.path.insert(0, str(Path(__file__).resolve().parents[3]))
 
-from attest.tpm_producer import TpmProducer, ak_template
-from node import swtpm
+from attest.producers.tpm import TpmProducer, ak_template
+from node.tpm import swtpm
 
 OUT = Path(__file__).with_name("tpm-quote.json")
 NONCE = bytes.fromhex("5c0ffee5" * 8)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Any
 
-from node.image import ImageError, import_image
-from node.store import BlobStore
+from node.storage.image import ImageError, import_image
+from node.storage.store import BlobStore
 from protocol.messages import (
     Arch,
     Bid,

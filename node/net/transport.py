@@ -1,8 +1,8 @@
 """The network seam: what the rest of the node may ask of the peer-to-peer network.
 
 Rules:
-- Nothing here imports libp2p. ``node/p2p.py`` implements :class:`Network` over libp2p,
-  ``node/memnet.py`` implements it in memory for tests; every other module of ``node/``
+- Nothing here imports libp2p. ``node/net/p2p.py`` implements :class:`Network` over libp2p,
+  ``node/net/memnet.py`` implements it in memory for tests; every other module of ``node/``
   talks to the network only through these types (httpcore's ``AsyncNetworkStream``).
 - Gossip is at-most-once per node and per message, and never loops back: a node does not
   receive what it published itself. A validator runs on every message *before* it is
@@ -29,7 +29,7 @@ from typing import NamedTuple, NewType, Protocol
 
 import trio
 
-from node.framing import DEFAULT_MAX_FRAME, FrameDecoder, FramingError, encode_frame
+from node.net.framing import DEFAULT_MAX_FRAME, FrameDecoder, FramingError, encode_frame
 from protocol.identity import PeerId
 
 __all__ = [
@@ -158,7 +158,7 @@ StreamHandler = Callable[[Stream], Awaitable[None]]
 
 
 class FramedStream:
-    """Length-prefixed messages over a :class:`Stream` (framing rules: ``node/framing.py``)."""
+    """Length-prefixed messages over a :class:`Stream` (framing rules: ``node/net/framing.py``)."""
 
     __slots__ = ("_decoder", "max_frame", "stream")
 

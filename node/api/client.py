@@ -1,8 +1,8 @@
-"""A synchronous client of the node's control API (node/api.py), for the CLI and scripts.
+"""A synchronous client of the node's control API (node/api/server.py), for the CLI and scripts.
 
 One method per route; each returns the decoded JSON answer. Errors::
 
-    ApiError (node/api.py)    the node answered and refused: status, code, message
+    ApiError (node/api/server.py)    the node answered and refused: status, code, message
     ClientError               we could not get an answer
     ├── NodeNotRunning        no node publishes an API in the home, or nothing listens
     └── BadResponse           something answered, but not as the API does
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from node.api import ApiError, read_api_info
+from node.api.server import ApiError, read_api_info
 
 __all__ = ["ApiClient", "BadResponse", "ClientError", "NodeNotRunning"]
 
@@ -91,7 +91,7 @@ class ApiClient:
         return self._list("GET", "/v1/peers")
 
     def submit(self, request: Json) -> Json:
-        """Submit a job (the request fields of node/api.py); returns its JobView."""
+        """Submit a job (the request fields of node/api/server.py); returns its JobView."""
         return self._object("POST", "/v1/jobs", request)
 
     def jobs(self) -> list[Json]:

@@ -2,7 +2,7 @@
 
 Rules:
 - Wire: a stream carries any number of requests, one after another. Every frame is
-  length-prefixed (node/framing.py). A request is one canonical-msgpack map:
+  length-prefixed (node/net/framing.py). A request is one canonical-msgpack map:
   ``{"op": "manifest", "blob": d}`` or ``{"op": "chunks", "blob": d, "indices": [i, ...]}``.
   The reply opens with a status map, ``{"ok": true}`` or ``{"error": reason, "message":
   text}``; after ``ok`` come raw frames: the chunk manifest, or each requested chunk in the
@@ -44,8 +44,7 @@ from typing import Any, cast
 
 import trio
 
-from node.store import BlobStore, CorruptBlob, StoreError
-from node.transport import (
+from node.net.transport import (
     FramedStream,
     NetReason,
     Network,
@@ -55,6 +54,7 @@ from node.transport import (
     Stream,
     StreamClosed,
 )
+from node.storage.store import BlobStore, CorruptBlob, StoreError
 from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
 from protocol.encoding import Value, decode, encode
 from protocol.errors import ProtocolError
@@ -79,7 +79,7 @@ CHUNK_TIMEOUT = 30.0  # seconds for one frame; a peer slower than ~140 KB/s is d
 # A peer serving a blob for the first time hashes all of it (up to 16 GiB) to make the
 # manifest, so the first reply may take far longer than a chunk.
 MANIFEST_TIMEOUT = 300.0
-_MAX_IMAGE_MANIFEST = 4 * 1024 * 1024  # as node/image.py reads JSON
+_MAX_IMAGE_MANIFEST = 4 * 1024 * 1024  # as node/storage/image.py reads JSON
 
 Progress = Callable[[int, int], None]
 """``progress(bytes_done, bytes_total)``, called as chunks are stored."""

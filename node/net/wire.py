@@ -1,7 +1,7 @@
 """What peers say to each other beyond gossip: topic names, stream protocols, control frames.
 
 spec/peer.md is the reference. Every stream carries length-prefixed frames
-(:class:`~node.transport.FramedStream`); a frame is either the exact bytes of a signed
+(:class:`~node.net.transport.FramedStream`); a frame is either the exact bytes of a signed
 message (protocol.envelope) or a *control frame*: the canonical encoding of a small map,
 such as ``{"ok": true}`` or ``{"error": "<reason>", "detail": "..."}``.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from node.transport import (
+from node.net.transport import (
     FramedStream,
     NetReason,
     Network,

@@ -24,13 +24,10 @@ import trio
 
 from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
-from node import attestor as attestation
-from node import transfer
 from node.clock import new_nonce, now_ms
-from node.db import Database, JobRow
-from node.market import Market
-from node.requests import bid_from_request
-from node.transport import (
+from node.market.gossip import Market
+from node.market.request import bid_from_request
+from node.net.transport import (
     FramedStream,
     NetReason,
     NetworkError,
@@ -38,7 +35,19 @@ from node.transport import (
     RemoteNetworkError,
     Stream,
 )
-from node.wire import BIDS_TOPIC, JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
+from node.net.wire import (
+    BIDS_TOPIC,
+    JOB,
+    NEGOTIATE,
+    PING,
+    PeerRefused,
+    control,
+    read_control,
+    request,
+)
+from node.storage import transfer
+from node.storage.db import Database, JobRow
+from node.tpm import attestor as attestation
 from protocol.book import Match
 from protocol.envelope import MessageId, Signed, open_signed
 from protocol.errors import ProtocolError, Reason

@@ -7,7 +7,7 @@ cancelled orders leave), hands matches of our own bids to the buyer role, and ke
 node connected: a *hello* exchange swaps addresses so buyers can dial providers they only
 know from gossip, and a *book* exchange gives a newcomer the live orders it missed.
 
-The roles build on it: ``node/buyer.py`` and ``node/provider.py``.
+The roles build on it: ``node/market/buyer.py`` and ``node/market/provider.py``.
 """
 
 from __future__ import annotations
@@ -22,9 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from node.clock import now_ms
-from node.db import Database
-from node.store import BlobStore
-from node.transport import (
+from node.net.transport import (
     FramedStream,
     Network,
     NetworkError,
@@ -32,7 +30,9 @@ from node.transport import (
     Stream,
     Verdict,
 )
-from node.wire import BIDS_TOPIC, BOOK, HELLO, OFFERS_TOPIC, control, read_control
+from node.net.wire import BIDS_TOPIC, BOOK, HELLO, OFFERS_TOPIC, control, read_control
+from node.storage.db import Database
+from node.storage.store import BlobStore
 from protocol.book import Match
 from protocol.envelope import Signed
 from protocol.errors import LocalProtocolError, ProtocolError, Reason
@@ -40,7 +40,7 @@ from protocol.messages import Bid, Offer
 from protocol.trader import Trader
 
 if TYPE_CHECKING:
-    from trio_typing import TaskStatus  # see node/memnet.py: trio-stubs shadow trio
+    from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
 
 __all__ = ["Market", "Trade"]
 

@@ -39,7 +39,7 @@ class SwtpmError(RuntimeError):
 
 @dataclass(frozen=True, slots=True)
 class Swtpm:
-    """A running swtpm. ``tcti`` is what ``attest.tpm_producer`` opens."""
+    """A running swtpm. ``tcti`` is what ``attest.producers.tpm`` opens."""
 
     directory: Path
     port: int

@@ -24,15 +24,15 @@ from typing import Any
 
 import trio
 
-from node import transfer
-from node.attestor import TpmAttestor
 from node.clock import new_nonce, now_ms
-from node.db import Database
-from node.executor import CapacityExceeded, Executor, JobResult
-from node.home import ProviderConfig
-from node.market import Market
-from node.transport import FramedStream, NetworkError, PeerId, Stream
-from node.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
+from node.exec.executor import CapacityExceeded, Executor, JobResult
+from node.market.gossip import Market
+from node.net.transport import FramedStream, NetworkError, PeerId, Stream
+from node.net.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
+from node.storage import transfer
+from node.storage.db import Database
+from node.storage.home import ProviderConfig
+from node.tpm.attestor import TpmAttestor
 from protocol.envelope import MessageId, Signed, open_signed
 from protocol.errors import ProtocolError, Reason
 from protocol.identity import PrivateKey, PublicKey

@@ -23,7 +23,7 @@ from pathlib import Path
 
 import trio
 
-from node.ocispec import Bind, Device
+from node.exec.ocispec import Bind, Device
 from protocol.messages import Gpu
 
 __all__ = [

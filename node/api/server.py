@@ -90,12 +90,12 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import h11
 import trio
 
-from node.requests import DEFAULTS as _DEFAULTS
-from node.requests import REQUIRED as _REQUIRED
+from node.market.request import DEFAULTS as _DEFAULTS
+from node.market.request import REQUIRED as _REQUIRED
 
 if TYPE_CHECKING:
     # libp2p pulls in trio-typing, whose stubs shadow trio's own types for mypy and spell
-    # TaskStatus here (as in node/memnet.py); the annotation is never evaluated at runtime.
+    # TaskStatus here (as in node/net/memnet.py); the annotation is never evaluated at runtime.
     from trio_typing import TaskStatus
 
 __all__ = [
@@ -148,7 +148,7 @@ Json = dict[str, Any]
 class ApiError(Exception):
     """A request the node refuses: the HTTP status, a machine-readable code, one line for
     the user. Raised by a :class:`Controller`, answered by the server, and raised again by
-    the client (node/client.py) from the answer."""
+    the client (node/api/client.py) from the answer."""
 
     def __init__(self, status: int, code: str, message: str) -> None:
         super().__init__(message)

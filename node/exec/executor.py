@@ -42,13 +42,13 @@ from pathlib import Path, PurePosixPath
 
 import trio
 
-from node import mounts
-from node.cgroups import CgroupMode, Counters, detect_mode, locate, read_counters
-from node.gpu import GpuDevice, wire_gpus
-from node.image import ID_MAP_BASE, RootfsCache, image_config
-from node.ocispec import Bind, JobConfig, build_config
-from node.runtime import Runtime, RuntimeFault, choose_runtime
-from node.store import BlobStore
+from node.exec import mounts
+from node.exec.cgroups import CgroupMode, Counters, detect_mode, locate, read_counters
+from node.exec.gpu import GpuDevice, wire_gpus
+from node.exec.ocispec import Bind, JobConfig, build_config
+from node.exec.runtime import Runtime, RuntimeFault, choose_runtime
+from node.storage.image import ID_MAP_BASE, RootfsCache, image_config
+from node.storage.store import BlobStore
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources, Usage
 from protocol.usage import Observation, classify, exit_code_of
 

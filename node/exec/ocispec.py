@@ -20,7 +20,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
-from node.image import ID_MAP_BASE, ID_MAP_SIZE
+from node.storage.image import ID_MAP_BASE, ID_MAP_SIZE
 
 __all__ = ["Bind", "Device", "JobConfig", "build_config", "seccomp_profile"]
 

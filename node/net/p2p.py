@@ -1,4 +1,4 @@
-"""The libp2p implementation of :class:`~node.transport.Network` (libp2p 0.8.1, pinned).
+"""The libp2p implementation of :class:`~node.net.transport.Network` (libp2p 0.8.1, pinned).
 
 This is the only module of the project that imports libp2p. Each pitfall of 0.8.1
 (``../shared/PLATFORM.md``, "libp2p 0.8.1") is handled here on purpose, and
@@ -21,7 +21,7 @@ This is the only module of the project that imports libp2p. Each pitfall of 0.8.
   default (it counts distinct IPs, and a loopback testnet has one). Two queue depths have
   no parameter in 0.8.1 and are raised in :func:`_deepen_pubsub_queues`. And the
   publisher paces and batches: it bundles the messages queued at the moment into one
-  pubsub message (``node/framing.py``) and holds the next bundle while any peer's
+  pubsub message (``node/net/framing.py``) and holds the next bundle while any peer's
   outbound queue is above a high-water mark, so ``publish`` blocks (backpressure) instead
   of libp2p dropping.
 - ``Pubsub.publish`` never yields: the publisher checkpoints after each bundle.
@@ -114,8 +114,8 @@ from libp2p.stream_muxer.yamux.yamux import PROTOCOL_ID as YAMUX_PROTOCOL_ID
 from libp2p.stream_muxer.yamux.yamux import Yamux
 from libp2p.tools.anyio_service import background_trio_service
 
-from node.framing import FramingError, bundle_size, decode_bundle, encode_bundle
-from node.transport import (
+from node.net.framing import FramingError, bundle_size, decode_bundle, encode_bundle
+from node.net.transport import (
     DialError,
     ErrorMap,
     Gossip,
@@ -135,7 +135,7 @@ from protocol.identity import PrivateKey
 if TYPE_CHECKING:
     from libp2p.abc import INetStream
     from libp2p.pubsub.subscription import TrioSubscriptionAPI
-    from trio_typing import TaskStatus  # see node/memnet.py: trio-stubs shadow trio
+    from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
 
 __all__ = [
     "LIBP2P_VERSION",
@@ -277,7 +277,7 @@ def _tune_yamux() -> None:
 def _check_libp2p_version() -> None:
     if version("libp2p") != LIBP2P_VERSION:  # pragma: no cover - guard for upgrades
         logger.warning(
-            "libp2p %s is not %s: re-check node/p2p.py's settings of libp2p internals "
+            "libp2p %s is not %s: re-check node/net/p2p.py's settings of libp2p internals "
             "(_deepen_pubsub_queues, _tune_yamux)",
             version("libp2p"),
             LIBP2P_VERSION,
@@ -359,7 +359,7 @@ class _Outgoing:
 
 
 class _Libp2pStream:
-    """A libp2p ``INetStream`` behind our :class:`~node.transport.Stream`."""
+    """A libp2p ``INetStream`` behind our :class:`~node.net.transport.Stream`."""
 
     __slots__ = ("_closed", "_remote", "_stream")
 

@@ -24,8 +24,8 @@ from pathlib import Path
 
 import trio
 
-from node.cgroups import CgroupMode
-from node.mounts import bind_over, make_private_namespace
+from node.exec.cgroups import CgroupMode
+from node.exec.mounts import bind_over, make_private_namespace
 
 __all__ = ["Runtime", "RuntimeFault", "choose_runtime"]
 

@@ -35,7 +35,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
 
-from node.store import BlobStore, StoreError
+from node.storage.store import BlobStore, StoreError
 
 __all__ = [
     "Entry",
@@ -65,7 +65,7 @@ _MANIFESTS = {MT_MANIFEST, MT_DOCKER_MANIFEST}
 _REF_NAME = "org.opencontainers.image.ref.name"
 _MAX_JSON = 4 * 1024 * 1024
 
-# Container uid/gid 0..65535 are host 100000..165535 (see node.runtime).
+# Container uid/gid 0..65535 are host 100000..165535 (see node.exec.runtime).
 ID_MAP_BASE = 100_000
 ID_MAP_SIZE = 65_536
 

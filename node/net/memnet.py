@@ -1,7 +1,7 @@
-"""An in-memory :class:`~node.transport.Network`: many fake peers in one trio process.
+"""An in-memory :class:`~node.net.transport.Network`: many fake peers in one trio process.
 
 For tests of everything above the network (the market loop, negotiation, transfer). It
-keeps the contract of ``node/transport.py`` and nothing of libp2p:
+keeps the contract of ``node/net/transport.py`` and nothing of libp2p:
 
 Rules:
 - A :class:`MemoryHub` is the whole network. :func:`serve_memory_network` starts one peer
@@ -28,7 +28,7 @@ from typing import TYPE_CHECKING
 
 import trio
 
-from node.transport import (
+from node.net.transport import (
     DialError,
     Gossip,
     LocalNetworkError,
@@ -134,7 +134,7 @@ class _Subscription:
 
 @dataclass(eq=False)
 class MemoryNetwork:
-    """One peer on a :class:`MemoryHub`; implements :class:`~node.transport.Network`."""
+    """One peer on a :class:`MemoryHub`; implements :class:`~node.net.transport.Network`."""
 
     hub: MemoryHub
     _peer_id: PeerId

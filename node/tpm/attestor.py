@@ -42,10 +42,9 @@ from attest.enrolment import (
     open_enrolment,
 )
 from attest.errors import AttestUsageError, EvidenceError, ProducerError, Reason
-from attest.tpm_producer import TpmProducer
+from attest.producers.tpm import TpmProducer
 from node.clock import new_nonce, now_ms
-from node.swtpm import Swtpm
-from node.transport import (
+from node.net.transport import (
     FramedStream,
     NetReason,
     Network,
@@ -55,6 +54,7 @@ from node.transport import (
     Stream,
     StreamClosed,
 )
+from node.tpm.swtpm import Swtpm
 from protocol.admission import AdmissionPolicy, ReplayGuard
 from protocol.envelope import Signed, seal
 from protocol.errors import RemoteProtocolError
@@ -94,7 +94,7 @@ T = TypeVar("T")
 class EnrolmentError(Exception):
     """Enrolment did not make an AK trusted. ``reason`` is the machine-readable reason of
     what failed underneath (an ``attest.errors.Reason``, ``protocol.errors.Reason`` or
-    ``node.transport.NetReason`` value, or :data:`TIMEOUT`)."""
+    ``node.net.transport.NetReason`` value, or :data:`TIMEOUT`)."""
 
     def __init__(self, reason: str, message: str) -> None:
         super().__init__(f"{reason}: {message}")
@@ -231,7 +231,7 @@ class TpmAttestor:
 async def open_swtpm_attestor(
     tpm: Swtpm, *, selection: Mapping[str, Sequence[int]] = DEFAULT_SELECTION
 ) -> TpmAttestor:
-    """A :class:`TpmAttestor` on a running swtpm (``node.swtpm.start``) that sends its local
+    """A :class:`TpmAttestor` on a running swtpm (``node.tpm.swtpm.start``) that sends its local
     CA's intermediate with the EK certificate; buyers trust ``tpm.ca_root``."""
     intermediate = await trio.Path(tpm.ca_intermediate).read_bytes()
     return await TpmAttestor.open(tpm.tcti, ek_intermediates=[intermediate], selection=selection)

@@ -8,7 +8,7 @@ Rules:
   whole frames. It never touches a socket, so the read loop that drives it stays a few
   lines and the decoder is property-tested on its own.
 - A *bundle* is how several small gossip messages travel in one pubsub message (see
-  ``node/p2p.py``: GossipSub's per-message overheads and queues are what drop messages
+  ``node/net/p2p.py``: GossipSub's per-message overheads and queues are what drop messages
   under load). Layout: version byte ``0x01``, then the items as frames, nothing after the
   last one. An empty bundle is invalid.
 - Malformed input raises :class:`FramingError` and nothing else.
