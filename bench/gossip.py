@@ -37,7 +37,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 import trio
 from factories import HOUR_MS, Nonces, bid, offer
 
-from node.clock import now_ms
 from node.net.p2p import P2PNetwork, serve_network
 from node.net.transport import FramedStream, Gossip, PeerId, ProtocolId, Stream, Validator, Verdict
 from protocol.errors import ProtocolError
@@ -47,6 +46,10 @@ from protocol.trader import Trader
 TOPIC = "cx/bench/offers/v1"
 SINK = ProtocolId("/cx/bench/sink/1")
 CHUNK = 64 * 1024
+
+
+def now_ms() -> int:
+    return time.time_ns() // 1_000_000
 
 
 def accept(sender: PeerId, data: bytes) -> Verdict:

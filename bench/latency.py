@@ -42,6 +42,7 @@ import trio
 
 from bench.executor import bare_lifecycle
 from node.exec.executor import Executor
+from node.market.request import JobRequest, build_request
 from node.peer import Peer, open_peer
 from node.storage.home import NodeConfig, ProviderConfig, init_home
 from node.storage.image import build_rootfs, import_image
@@ -76,18 +77,18 @@ class RunClock:
         executor.run_job = timed  # type: ignore[method-assign]
 
 
-async def one_job(buyer: Peer, request: dict[str, Any], clock: RunClock) -> dict[str, float]:
+async def one_job(buyer: Peer, request: JobRequest, clock: RunClock) -> dict[str, float]:
     """Submit one job and wait for it; its latency and phases in ms."""
     spans = len(clock.spans)
     t0, wall0 = time.perf_counter(), time.time() * 1000
     job = await buyer.submit(request)
     with trio.fail_after(60):
-        done = await buyer.wait(job["id"])
+        done = await buyer.wait(job.id)
     total = (time.perf_counter() - t0) * 1000
     wall1 = time.time() * 1000
-    if done["state"] != "succeeded":
-        raise RuntimeError(f"job {job['id']} ended {done['state']}: {done['detail']}")
-    at = {e["state"]: e["at_ms"] for e in buyer.db.events(job["id"])}
+    if done.state != "succeeded":
+        raise RuntimeError(f"job {job.id} ended {done.state}: {done.detail}")
+    at = {e["state"]: e["at_ms"] for e in buyer.db.events(job.id)}
     run_start, run_end = clock.spans[spans]
     return {
         "total": total,
@@ -107,25 +108,25 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
         NodeConfig(provider=ProviderConfig(capacity=capacity, prices=prices, arch=Arch.AMD64)),
     )
     out: dict[str, Any] = {}
-    async with open_peer(provider_home, api=False) as provider:
+    async with open_peer(provider_home) as provider:
         buyer_home = init_home(
             work / "buyer", NodeConfig(bootstrap=(provider.net.listen_addrs[0],))
         )
         layout = work / "image"
         build_rootfs(layout)
         image = import_image(BlobStore(buyer_home.store_root), layout).manifest
-        request = {
-            "image": image,
-            "command": COMMAND,
-            "max_prices": {"cpu_core_hour": 100_000_000, "memory_gib_hour": 10_000_000},
-        }
+        request = build_request(
+            image=image,
+            command=COMMAND,
+            max_prices={"cpu_core_hour": 100_000_000, "memory_gib_hour": 10_000_000},
+        )
         clock = RunClock(provider)
         assert provider.provider is not None
         executor = provider.provider.executor
         out["runtime"] = executor.runtime.name
         out["cgroup_mode"] = executor.mode.value
         out["jobs"], out["bare"] = [], []
-        async with open_peer(buyer_home, api=False) as buyer:
+        async with open_peer(buyer_home) as buyer:
             out["first"] = await one_job(buyer, request, clock)
             for _ in range(args.warmup):
                 await one_job(buyer, request, clock)

@@ -1,41 +1,43 @@
-"""A whole node, assembled: the embedding API for Python programs, served by ``cx node``.
+"""A whole node, assembled, and the embedding API for Python programs.
 
 ::
 
     async with open_peer(Path("~/.cx").expanduser()) as peer:
-        job = await peer.submit({"image": digest, "command": ["echo", "hi"],
-                                 "max_prices": {"cpu_core_hour": 100_000_000}})
-        done = await peer.wait(job["id"])
+        job = await peer.submit(
+            build_request(image=digest, command=("echo", "hi"),
+                          max_prices={"cpu_core_hour": 100_000_000})
+        )
+        done = await peer.wait(job.id)
 
 :func:`serve_peer` runs one node inside the caller's nursery (``nursery.start``): the
 libp2p network (or a network the caller passes, such as ``node.net.memnet`` in tests), the
 market, the buyer role, the provider role when the home's config offers capacity, blob
-transfer, TPM enrolment, and the control API on 127.0.0.1 (``api.json`` in the home).
-:class:`Peer`'s methods are the control API's (node/api/server.py): they return JSON-able values
-and raise :class:`~node.api.server.ApiError` for what the caller got wrong.
+transfer and TPM enrolment. Time, randomness, timeouts and the executor come in as
+arguments, so a test can run a market of nodes under trio's ``MockClock``.
+
+:class:`Peer` answers with the node's own typed objects (``JobRow``, ``Explanation``,
+ledger entries) and raises :class:`PeerError` subclasses for what the caller got wrong.
+The control API (``node.api``) is a JSON view onto a Peer; ``cx node`` serves both.
 """
 
 from __future__ import annotations
 
 import contextlib
 import logging
-import os
-import secrets
 import shutil
 from collections.abc import AsyncIterator
-from importlib.metadata import version
+from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.api.server import FINAL_STATES, ApiError, serve_api, write_api_info
-from node.clock import now_ms
+from node.clock import Clock, Entropy, Timings, system_entropy
 from node.exec.executor import Executor, ExecutorConfig
-from node.market.buyer import Buyer
-from node.market.gossip import Market, resource_class
-from node.market.provider import Provider
-from node.market.request import RequestError, bid_from_request, resolve
+from node.market.buyer import FINAL_STATES, WAITING_STATES, Buyer
+from node.market.gossip import Market
+from node.market.provider import Provider, Runner
+from node.market.request import JobRequest, parse_request, resolve
 from node.net.transport import Network, NetworkError
 from node.storage import transfer
 from node.storage.db import Database, JobRow
@@ -43,16 +45,68 @@ from node.storage.home import Home, HomeError, NodeConfig
 from node.storage.store import BlobStore
 from node.tpm import attestor as attestation
 from node.tpm import swtpm
-from protocol.envelope import MessageId
-from protocol.identity import PrivateKey, PublicKey
+from protocol.book import Explanation
+from protocol.explain import why_not
+from protocol.identity import PrivateKey
+from protocol.settlement import LedgerEntry
 from protocol.trader import Trader
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
 
-__all__ = ["Peer", "open_peer", "serve_peer"]
+__all__ = [
+    "AmbiguousJob",
+    "Conflict",
+    "Peer",
+    "PeerError",
+    "UnknownJob",
+    "Why",
+    "Written",
+    "open_peer",
+    "serve_peer",
+]
 
 log = logging.getLogger(__name__)
+
+
+class PeerError(Exception):
+    """What a caller of :class:`Peer` got wrong; ``code`` is machine-readable."""
+
+    code = "bad-request"
+
+
+class UnknownJob(PeerError):
+    code = "unknown-job"
+
+
+class AmbiguousJob(PeerError):
+    code = "ambiguous-job"
+
+
+class Conflict(PeerError):
+    """The job is not in a state that allows this (``code`` says which rule)."""
+
+    def __init__(self, code: str, message: str) -> None:
+        super().__init__(message)
+        self.code = code
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Why:
+    """Why a job's bid has not matched: ``explanation`` while it waits, else None."""
+
+    job: JobRow
+    explanation: Explanation | None
+    text: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Written:
+    """One output file written by :meth:`Peer.outputs`."""
+
+    path: str  # in the job
+    file: str  # on this machine
+    size: int
 
 
 class Peer:
@@ -68,141 +122,104 @@ class Peer:
         self.home = home
         self.config = config
         self.key = key
-        self._market = market
+        self.market = market
         self.buyer = buyer
         self.provider = provider
 
     @property
     def net(self) -> Network:
-        return self._market.net
+        return self.market.net
 
     @property
     def db(self) -> Database:
-        return self._market.db
+        return self.market.db
 
     async def join(self, addr: str) -> str:
-        """Connect to the peer at ``addr`` and take its addresses and book; its peer id."""
-        try:
-            return await self._market.join(addr)
-        except NetworkError as exc:
-            raise ApiError(502, "unreachable", f"{addr}: {exc}") from exc
+        """Connect to the peer at ``addr`` and take its addresses and book; its peer id.
 
-    # -- the controller: what `cx` and other tools ask of a node -----------------------
+        Raises NetworkError when ``addr`` cannot be reached.
+        """
+        return await self.market.join(addr)
 
-    def node_info(self) -> dict[str, Any]:
-        offer = self.provider.offer if self.provider is not None else None
-        return {
-            "peer_id": self.net.peer_id,
-            "addrs": self.net.listen_addrs,
-            "provider": self.provider is not None,
-            "offer": None if offer is None else _offer_view(offer.payload, offer.id),
-            "version": version("compute-exchange"),
-        }
+    async def changed(self) -> None:
+        """Return when something observable changes: a job, the book, the ledger."""
+        await self.market.changed()
 
-    def peers(self) -> list[dict[str, Any]]:
-        return [
-            {
-                "peer_id": p,
-                "score": self.net.score(p),
-                "addrs": [a] if (a := self._market.addresses.get(p)) else [],
-            }
-            for p in sorted(self.net.peers())
-        ]
+    # -- jobs ------------------------------------------------------------------------------
 
-    async def submit(self, request: dict[str, Any]) -> dict[str, Any]:
-        try:
-            resolved = await trio.to_thread.run_sync(resolve, request, self._market.store)
-            bid = bid_from_request(resolved)
-        except RequestError as exc:
-            raise ApiError(400, "bad-request", str(exc)) from exc
-        now = now_ms()
-        job = JobRow(
-            id=os.urandom(8).hex(),
-            name=resolved.get("name"),
-            request=resolved,
-            state="waiting",
-            created_ms=now,
-            updated_ms=now,
-        )
-        return _job_view(await self.buyer.submit(job, bid))
+    async def submit(self, request: JobRequest) -> JobRow:
+        """Import what the request names (in a worker thread), bid for it; the new job.
 
-    def jobs(self) -> list[dict[str, Any]]:
-        return [_job_view(j) for j in self.db.jobs()]
+        Raises RequestError.
+        """
+        resolved = await trio.to_thread.run_sync(resolve, request, self.market.store)
+        return await self.buyer.submit(resolved)
 
-    def _job(self, job_id: str) -> JobRow:
+    def jobs(self) -> list[JobRow]:
+        """This node's jobs, newest first."""
+        return self.db.jobs()
+
+    def job(self, job_id: str) -> JobRow:
+        """The job with this id, or the only one whose id starts with it.
+
+        Raises UnknownJob, AmbiguousJob.
+        """
         found = self.db.jobs_by_prefix(job_id) if job_id else []
         if len(found) > 1:
-            raise ApiError(400, "ambiguous-job", f"{len(found)} jobs start with {job_id!r}")
+            raise AmbiguousJob(f"{len(found)} jobs start with {job_id!r}")
         if not found:
-            raise ApiError(404, "unknown-job", f"no job with id {job_id!r}; see `cx jobs`")
+            raise UnknownJob(f"no job with id {job_id!r}; see `cx jobs`")
         return found[0]
 
-    def job(self, job_id: str) -> dict[str, Any]:
-        return _job_view(self._job(job_id))
+    def request(self, job: JobRow) -> JobRequest:
+        """The request a job was made from."""
+        return parse_request(job.request)
 
     async def events(self, job_id: str, after: int, wait_s: float) -> list[dict[str, Any]]:
-        job = self._job(job_id)
-        with trio.move_on_after(max(0.0, min(wait_s, 60.0))):
+        """The job's state changes after ``after``; waits up to ``wait_s`` for one."""
+        job = self.job(job_id)
+        with trio.move_on_after(max(0.0, wait_s)):
             while not self.db.events(job.id, after):
-                await self.buyer.changed.wait()
+                await self.changed()
         return self.db.events(job.id, after)
 
-    async def wait(self, job_id: str) -> dict[str, Any]:
+    async def wait(self, job_id: str) -> JobRow:
         """Wait until the job has ended (succeeded, failed, timed out, cancelled)."""
-        while (job := self._job(job_id)).state not in FINAL_STATES:
-            await self.buyer.changed.wait()
-        return _job_view(job)
+        while (job := self.job(job_id)).state not in FINAL_STATES:
+            await self.changed()
+        return job
 
-    def why(self, job_id: str) -> dict[str, Any]:
-        job = self._job(job_id)
-        bid = bid_from_request(job.request)
-        book = self._market.trader.book
-        e = book.explain(bid, now_ms=now_ms(), reputation=self._market.trader.reputation)
-        excluded = [f"{name} ruled out {n}" for name, n in e.ruled_out.items() if n]
-        if job.state not in ("waiting", "negotiating"):
+    def why(self, job_id: str) -> Why:
+        job = self.job(job_id)
+        if job.state not in WAITING_STATES:
             text = f"the job is {job.state}"
             if job.provider:
                 text += f"; it was matched with {job.provider}"
-        elif e.offers == 0:
-            text = "no offers are known to this node yet; is it connected (`cx peers`)?"
-        elif e.matching:
-            text = (
-                f"{e.matching} of {e.offers} offers fit; negotiation is under way or they refused"
-            )
-        else:
-            text = f"none of {e.offers} offers fits: {', '.join(excluded)}; "
-            if e.best_quote is None:
-                text += "no offer passes the other constraints"
-            else:
-                text += (
-                    f"the cheapest offer that passes the others would cost up to "
-                    f"{_credits(e.best_quote)} credits, the bid allows {_credits(e.budget)}"
-                )
-        return {
-            "bid_id": job.bid_id.hex() if job.bid_id else None,
-            "state": job.state,
-            "offers_seen": e.offers,
-            "matching": e.matching,
-            "ruled_out": e.ruled_out,
-            "best_price": e.best_quote,
-            "limit": e.budget,
-            "explanation": text,
-        }
+            return Why(job=job, explanation=None, text=text)
+        trader = self.market.trader
+        bid = self.buyer.bid_of(job)
+        e = trader.book.explain(bid, now_ms=self.market.now_ms(), reputation=trader.reputation)
+        return Why(job=job, explanation=e, text=why_not(e, bid))
 
     async def logs(self, job_id: str) -> dict[str, str]:
-        job = self._job(job_id)
+        """The job's stdout and stderr, as far as its receipt names them."""
+        job = self.job(job_id)
         out = {"stdout": "", "stderr": ""}
         for ref in job.logs or []:
             name = Path(ref["path"]).name
-            data = await trio.to_thread.run_sync(self._market.store.read_bytes, ref["digest"])
+            data = await trio.to_thread.run_sync(self.market.store.read_bytes, ref["digest"])
             out[name] = data.decode(errors="replace")
         return out
 
-    async def outputs(self, job_id: str, dest: str) -> list[dict[str, Any]]:
-        job = self._job(job_id)
-        root = Path(dest)
-        if not root.is_absolute():
-            raise ApiError(400, "bad-request", f"destination {dest!r} must be an absolute path")
+    async def outputs(self, job_id: str, dest: Path) -> list[Written]:
+        """Copy the job's output files under ``dest`` (an absolute directory).
+
+        Raises PeerError for a relative ``dest``, Conflict for an output path that would
+        leave it.
+        """
+        job = self.job(job_id)
+        if not dest.is_absolute():
+            raise PeerError(f"destination {str(dest)!r} must be an absolute path")
         written = []
         for ref in job.outputs or []:
             rel = (
@@ -211,113 +228,32 @@ class Peer:
                 else Path(ref["path"].lstrip("/"))
             )
             if ".." in rel.parts:
-                raise ApiError(
-                    409, "bad-output", f"output path {ref['path']} leaves the output directory"
+                raise Conflict(
+                    "bad-output", f"output path {ref['path']} leaves the output directory"
                 )
-            target = root / rel
+            target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             await trio.to_thread.run_sync(
-                shutil.copyfile, self._market.store.path(ref["digest"]), target
+                shutil.copyfile, self.market.store.path(ref["digest"]), target
             )
-            written.append({"path": ref["path"], "file": str(target), "size": ref["size"]})
+            written.append(Written(path=ref["path"], file=str(target), size=ref["size"]))
         return written
 
-    async def cancel(self, job_id: str) -> dict[str, Any]:
-        job = self._job(job_id)
+    async def cancel(self, job_id: str) -> JobRow:
+        """Withdraw a job that is still waiting for a provider.
+
+        Raises Conflict(``too-late``) when it has been agreed already.
+        """
+        job = self.job(job_id)
         if not await self.buyer.cancel(job.id):
-            raise ApiError(
-                409, "too-late", f"job {job.id} is {job.state}; only a waiting job can be cancelled"
+            raise Conflict(
+                "too-late", f"job {job.id} is {job.state}; only a waiting job can be cancelled"
             )
         return self.job(job.id)
 
-    def market(self) -> dict[str, Any]:
-        book = self._market.trader.book
-        now = now_ms()
-        classes: dict[str, dict[str, Any]] = {}
-
-        def of(name: str) -> dict[str, Any]:
-            empty = {"class": name, "offers": 0, "bids": 0, "best_cpu_core_hour": None}
-            return classes.setdefault(name, {**empty, "last_prices": []})
-
-        for resting in book.live_offers(now):
-            c = of(resource_class(resting.offer))
-            c["offers"] += 1
-            price, best = resting.offer.prices.cpu_core_hour, c["best_cpu_core_hour"]
-            c["best_cpu_core_hour"] = price if best is None else min(price, best)
-        for trade in self._market.trades:
-            c = of(trade.resource_class)
-            c["last_prices"] = (c["last_prices"] + [trade.cpu_core_hour])[-5:]
-        bids = sum(1 for b in book.bids.values() if b.order.expires_ms > now)
-        return {
-            "offers": sum(c["offers"] for c in classes.values()),
-            "bids": bids,
-            "classes": sorted(classes.values(), key=lambda c: c["class"]),
-            "recent_trades": [
-                {
-                    "at_ms": t.at_ms,
-                    "class": t.resource_class,
-                    "cpu_core_hour": t.cpu_core_hour,
-                    "memory_gib_hour": t.memory_gib_hour,
-                }
-                for t in list(self._market.trades)[-20:]
-            ],
-            "rejected_gossip": dict(self._market.rejected),
-        }
-
-    def ledger(self) -> dict[str, Any]:
-        me = self.key.public_key.raw
-        entries = []
-        balance = 0
-        for entry, at in self.db.ledger():
-            role = "provider" if entry.payee == me else "buyer"
-            balance += entry.amount if role == "provider" else -entry.amount
-            entries.append(
-                {
-                    "agreement_id": entry.agreement_id.hex(),
-                    "at_ms": at,
-                    "payer": PublicKey(entry.payer).peer_id,
-                    "payee": PublicKey(entry.payee).peer_id,
-                    "amount": entry.amount,
-                    "role": role,
-                }
-            )
-        return {"balance": balance, "entries": entries}
-
-
-def _credits(micro: int) -> str:
-    return f"{micro / 1_000_000:.6f}".rstrip("0").rstrip(".")
-
-
-def _offer_view(offer: Any, offer_id: MessageId) -> dict[str, Any]:  # noqa: ANN401
-    return {
-        "id": offer_id.hex(),
-        "class": resource_class(offer),
-        "cpu_milli": offer.capacity.cpu_milli,
-        "memory_bytes": offer.capacity.memory_bytes,
-        "cpu_core_hour": offer.prices.cpu_core_hour,
-        "memory_gib_hour": offer.prices.memory_gib_hour,
-        "trust": [t.value for t in offer.trust],
-    }
-
-
-def _job_view(job: JobRow) -> dict[str, Any]:
-    return {
-        "id": job.id,
-        "name": job.name,
-        "state": job.state,
-        "detail": job.detail,
-        "created_ms": job.created_ms,
-        "updated_ms": job.updated_ms,
-        "provider": job.provider,
-        "attempts": job.attempts,
-        "price": job.prices,
-        "max_cost": job.max_cost,
-        "cost": job.cost,
-        "exit_reason": job.exit_reason,
-        "exit_code": job.exit_code,
-        "outputs": job.outputs or [],
-        "logs": job.logs or [],
-    }
+    def ledger(self) -> list[tuple[LedgerEntry, int]]:
+        """Every settled receipt's ledger entry with the time it settled, oldest first."""
+        return self.db.ledger()
 
 
 # -- running a node ------------------------------------------------------------------------
@@ -327,10 +263,17 @@ async def serve_peer(
     root: Path | Home,
     *,
     network: Network | None = None,
-    api: bool = True,
+    clock: Clock | None = None,
+    timings: Timings | None = None,
+    entropy: Entropy = system_entropy,
+    executor: Runner | None = None,
     task_status: TaskStatus[Peer] = trio.TASK_STATUS_IGNORED,
 ) -> None:
     """Run the node of the home at ``root`` until cancelled; ``nursery.start`` returns it.
+
+    ``network`` defaults to libp2p as the home's config says, ``clock`` to the wall clock,
+    ``timings`` to production values, ``executor`` (used only if the home offers capacity)
+    to real OCI containers.
 
     Raises HomeError for a missing or bad home.
     """
@@ -347,7 +290,15 @@ async def serve_peer(
             net: Network = (
                 network if network is not None else await nursery.start(_libp2p, key, config)
             )
-            market = Market(trader, net, db, store)
+            market = Market(
+                trader,
+                net,
+                db,
+                store,
+                clock=clock or Clock(),
+                timings=timings or Timings(),
+                entropy=entropy,
+            )
             await nursery.start(market.run)
             transfer.serve_blobs(net, store)
             known: dict[bytes, list[bytes]] = {}
@@ -360,31 +311,24 @@ async def serve_peer(
             if config.provider is not None:
                 attestor = await stack.enter_async_context(_attestor(home, config))
                 if attestor is not None:
-                    attestation.serve_enrolment(net, attestor, key)
-                executor = Executor(
+                    attestation.serve_enrolment(
+                        net, attestor, key, clock=market.now_ms, entropy=entropy
+                    )
+                runner = executor or Executor(
                     ExecutorConfig(
                         store_root=home.store_root,
                         work_root=home.work_root,
                         capacity=config.provider.capacity,
                     )
                 )
-                provider = Provider(market, key, executor, config.provider, attestor)
+                provider = Provider(market, key, runner, config.provider, attestor)
                 await nursery.start(provider.run)
             for addr in config.bootstrap:
                 try:
                     await market.join(addr)
                 except NetworkError as exc:
                     log.warning("bootstrap peer %s unreachable: %s", addr, exc)
-            peer = Peer(home, config, key, market, buyer, provider)
-            if api:
-                token = secrets.token_hex(24)
-                port = await nursery.start(
-                    lambda task_status: serve_api(
-                        peer, token=token, port=config.api_port, task_status=task_status
-                    )
-                )
-                write_api_info(home.root, f"http://127.0.0.1:{port}", token)
-            task_status.started(peer)
+            task_status.started(Peer(home, config, key, market, buyer, provider))
     finally:
         db.close()
 
@@ -442,7 +386,8 @@ async def _attestor(
 
 @contextlib.asynccontextmanager
 async def open_peer(root: Path | Home, **options: Any) -> AsyncIterator[Peer]:  # noqa: ANN401
-    """Run a node inside the caller's task tree for the duration of the block."""
+    """Run a node inside the caller's task tree for the duration of the block; ``options``
+    are :func:`serve_peer`'s."""
     async with trio.open_nursery() as nursery:
         peer: Peer = await nursery.start(
             lambda task_status: serve_peer(root, task_status=task_status, **options)

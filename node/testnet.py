@@ -21,68 +21,23 @@ import sys
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 from node.api.client import ApiClient, ClientError
-from node.api.server import FINAL_STATES
 from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
 from node.storage.image import build_rootfs, host_arch, import_image
 from node.storage.store import BlobStore
 from node.tpm import swtpm
-from protocol.messages import Arch, Prices, Resources
+from node.workload import WORKLOAD, JobPlan, Verdict, is_done, judge, provider_config, request_for
 
-__all__ = ["WORKLOAD", "JobPlan", "Node", "Testnet", "Verdict"]
+__all__ = ["Node", "Testnet"]
 
 log = logging.getLogger(__name__)
 
-MIB = 1 << 20
-GIB = 1 << 30
 START_TIMEOUT_S = 30.0
 POLL_S = 0.1
-
-
-@dataclass(frozen=True, slots=True)
-class JobPlan:
-    """One job of the demo workload and the outcome it must reach."""
-
-    name: str
-    buyer: int  # index of the buyer that submits it
-    command: str
-    expect: str  # "succeeded", "failed" or "unmatched" (it must not match: its bid waits)
-    cpu_milli: int = 500
-    memory_bytes: int = 128 * MIB
-    max_cpu_price: int = 120_000_000
-    regions: tuple[str, ...] = ()
-    arch: str | None = None
-    trust: str = "none"
-
-
-WORKLOAD: tuple[JobPlan, ...] = (
-    JobPlan("hello", 0, "echo hello > /out/hello.txt", "succeeded"),
-    JobPlan("checksum", 1, "seq 1 200000 | md5sum > /out/sum", "succeeded"),
-    JobPlan("eu-only", 0, "uname -a > /out/uname", "succeeded", regions=("eu",)),
-    JobPlan(
-        "busy-loop",
-        1,
-        "i=0; while [ $i -lt 200000 ]; do i=$((i+1)); done; echo $i > /out/count",
-        "succeeded",
-        cpu_milli=1000,
-    ),
-    JobPlan("attested", 0, "echo measured > /out/attested", "succeeded", trust="tpm"),
-    JobPlan("fails", 1, "echo oops >&2; exit 3", "failed"),
-    JobPlan("too-cheap", 0, "true", "unmatched", max_cpu_price=10_000_000),
-    JobPlan("needs-arm", 1, "true", "unmatched", arch="arm64"),
-)
-
-_PROVIDERS = (  # region, CPU price per core-hour (micro-credits)
-    ("eu", 90_000_000),
-    ("us", 70_000_000),
-    ("ap", 110_000_000),
-    ("eu", 95_000_000),
-    ("us", 85_000_000),
-)
 
 
 @dataclass(slots=True)
@@ -99,19 +54,6 @@ class Node:
         if self.client is None:
             raise ClientError(f"{self.name} is not running")
         return self.client
-
-
-@dataclass(slots=True)
-class Verdict:
-    """What ``cx testnet`` found at the end."""
-
-    jobs: list[dict[str, Any]] = field(default_factory=list)  # plan name, buyer, job view
-    ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)  # node name -> ledger
-    problems: list[str] = field(default_factory=list)
-
-    @property
-    def ok(self) -> bool:
-        return not self.problems
 
 
 class Testnet:
@@ -151,19 +93,9 @@ class Testnet:
         ca = self.root / "tpm-ca"
         roots = (str(ca / "swtpm-localca-rootca-cert.pem"),) if self.tpm else ()
         for i in range(self.provider_count):
-            region, price = _PROVIDERS[i % len(_PROVIDERS)]
             attests = self.tpm and i == 0
-            node = self._make(
-                f"prov-{region}{i // len(_PROVIDERS) or ''}",
-                roots,
-                provider=ProviderConfig(
-                    capacity=Resources(cpu_milli=2000, memory_bytes=2 * GIB, disk_bytes=4 * GIB),
-                    prices=Prices(cpu_core_hour=price, memory_gib_hour=9_000_000),
-                    arch=Arch(host_arch()),
-                    region=region,
-                    tpm=attests,
-                ),
-            )
+            name, config = provider_config(i, host_arch(), tpm=attests)
+            node = self._make(name, roots, provider=config)
             if attests:
                 progress(f"manufacturing a software TPM for {node.name}")
                 (node.home.tpm_dir).mkdir(parents=True)
@@ -271,21 +203,7 @@ class Testnet:
 
     def submit(self, plan: JobPlan) -> str:
         buyer = self.buyers[plan.buyer % len(self.buyers)]
-        job = buyer.api().submit(
-            {
-                "image": self.image,
-                "command": ["sh", "-c", plan.command],
-                "cpu_milli": plan.cpu_milli,
-                "memory_bytes": plan.memory_bytes,
-                "wall_ms": 120_000,
-                "max_prices": {"cpu_core_hour": plan.max_cpu_price, "memory_gib_hour": 10_000_000},
-                "regions": list(plan.regions),
-                "arch": plan.arch,
-                "trust": plan.trust,
-                "name": plan.name,
-            }
-        )
-        return str(job["id"])
+        return str(buyer.api().submit(request_for(plan, self.image))["id"])
 
     def run(
         self,
@@ -301,7 +219,7 @@ class Testnet:
         while True:
             views = [self._view(p, i) for p, i in zip(plans, ids, strict=True)]
             progress(views)
-            if all(_settled(v) for v in views) or time.monotonic() > deadline:
+            if all(is_done(v) for v in views) or time.monotonic() > deadline:
                 break
             time.sleep(POLL_S * 2)
         verdict = Verdict(jobs=views)
@@ -327,33 +245,5 @@ class Testnet:
 
     def check(self, verdict: Verdict) -> None:
         """Outcomes as planned; each receipt in both ledgers; balances that sum to zero."""
-        for view in verdict.jobs:
-            want, got = view["expect"], view["state"]
-            if want == "unmatched" and got not in ("waiting", "cancelled"):
-                verdict.problems.append(f"{view['plan']} should not have matched but is {got}")
-            elif want != "unmatched" and got != want:
-                verdict.problems.append(
-                    f"{view['plan']} is {got}, expected {want}: {view['detail']}"
-                )
         verdict.ledgers = {n.name: n.api().ledger() for n in self.nodes if n.client is not None}
-        by_peer = {n.peer_id: n.name for n in self.nodes}
-        held: dict[str, dict[str, tuple[Any, ...]]] = {}
-        for name, ledger in verdict.ledgers.items():
-            for e in ledger["entries"]:
-                held.setdefault(e["agreement_id"], {})[name] = (e["payer"], e["payee"], e["amount"])
-        for agreement, holders in held.items():
-            entry = next(iter(holders.values()))
-            parties = {by_peer.get(entry[0]), by_peer.get(entry[1])}
-            if set(holders) != parties or len(set(holders.values())) != 1:
-                names = sorted(filter(None, parties))
-                verdict.problems.append(f"receipt {agreement[:16]} is not held alike by {names}")
-        total = sum(ledger["balance"] for ledger in verdict.ledgers.values())
-        if total != 0:
-            verdict.problems.append(f"balances sum to {total}, not zero")
-
-
-def _settled(view: dict[str, Any]) -> bool:
-    """Done with, for the demo: ended, or (for a bid meant not to match) still waiting."""
-    return view["state"] in FINAL_STATES or (
-        view["expect"] == "unmatched" and view["state"] == "waiting"
-    )
+        judge(verdict, {n.peer_id: n.name for n in self.nodes})

@@ -19,8 +19,9 @@ from __future__ import annotations
 
 import heapq
 from collections.abc import Callable, Iterator, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
+from typing import TypeVar
 
 from protocol.envelope import MessageId, Signed
 from protocol.errors import LocalProtocolError, Reason
@@ -30,6 +31,7 @@ from protocol.settlement import quote
 __all__ = ["CONSTRAINTS", "Explanation", "Match", "OrderBook", "RestingBid", "RestingOffer"]
 
 Reputation = Mapping[bytes, int]
+_F = TypeVar("_F", Resources, Prices)
 _NO_REPUTATION: Reputation = MappingProxyType({})
 
 
@@ -111,6 +113,13 @@ def _budget(bid: Bid) -> int:
     return quote(bid.max_prices, bid.resources, bid.job.wall_ms)
 
 
+def _fieldwise(pick: Callable[[int, int], int], a: _F | None, b: _F) -> _F:
+    """``b``, or ``pick`` of ``a``'s and ``b``'s value in every field (Resources, Prices)."""
+    if a is None:
+        return b
+    return replace(b, **{f.name: pick(getattr(a, f.name), getattr(b, f.name)) for f in fields(b)})
+
+
 def _fits(bid: Bid, offer: RestingOffer, reputation: Reputation) -> bool:
     return all(check(bid, offer, reputation) for _, check in CONSTRAINTS)
 
@@ -125,6 +134,10 @@ class Explanation:
     only_reason: dict[str, int]  # offers ruled out by this constraint alone
     best_quote: int | None  # cheapest offer that passes every constraint but price
     budget: int  # the bid's quote at its own limits
+    # Per resource, the most capacity free on any offer that passes every constraint but
+    # capacity and price, and the lowest unit price of any that passes all but price.
+    largest_free: Resources | None = None
+    cheapest: Prices | None = None
 
 
 @dataclass(slots=True)
@@ -307,6 +320,8 @@ class OrderBook:
         only = dict(ruled_out)
         matching = 0
         best: int | None = None
+        largest: Resources | None = None
+        cheapest: Prices | None = None
         live = list(self.live_offers(now_ms))
         for offer in live:
             failed = [name for name, check in CONSTRAINTS if not check(bid, offer, reputation)]
@@ -316,9 +331,12 @@ class OrderBook:
                 only[failed[0]] += 1
             if not failed:
                 matching += 1
+            if set(failed) <= {"capacity", "price"}:
+                largest = _fieldwise(max, largest, offer.remaining)
             if not failed or failed == ["price"]:
                 price = quote(offer.offer.prices, bid.resources, bid.job.wall_ms)
                 best = price if best is None else min(best, price)
+                cheapest = _fieldwise(min, cheapest, offer.offer.prices)
         return Explanation(
             offers=len(live),
             matching=matching,
@@ -326,6 +344,8 @@ class OrderBook:
             only_reason=only,
             best_quote=best,
             budget=_budget(bid),
+            largest_free=largest,
+            cheapest=cheapest,
         )
 
     def live_offers(self, now_ms: int) -> Iterator[RestingOffer]:

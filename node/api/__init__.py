@@ -1,15 +1,21 @@
-"""The control API: HTTP/JSON on loopback for the CLI and other tools (``server``), and
-its client (``client``)."""
+"""The control API: a JSON view onto a running :class:`~node.peer.Peer`, served over HTTP on
+loopback for the CLI and other tools.
+
+- ``server``: the HTTP server over a :class:`Controller`, its rules and routes;
+  ``controller``: the Controller of a running peer and :func:`serve_control`;
+  ``views``: the JSON shapes; ``client``: the client the CLI uses."""
 
 from node.api.client import ApiClient, ClientError, NodeNotRunning
-from node.api.server import FINAL_STATES, ApiError, Controller, serve_api
+from node.api.controller import NodeController, serve_control
+from node.api.server import ApiError, Controller, serve_api
 
 __all__ = [
-    "FINAL_STATES",
     "ApiClient",
     "ApiError",
     "ClientError",
     "Controller",
+    "NodeController",
     "NodeNotRunning",
     "serve_api",
+    "serve_control",
 ]

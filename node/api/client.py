@@ -20,6 +20,7 @@ from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
 from node.api.server import ApiError, read_api_info
+from node.market.request import JobRequest
 
 __all__ = ["ApiClient", "BadResponse", "ClientError", "NodeNotRunning"]
 
@@ -90,9 +91,9 @@ class ApiClient:
     def peers(self) -> list[Json]:
         return self._list("GET", "/v1/peers")
 
-    def submit(self, request: Json) -> Json:
-        """Submit a job (the request fields of node/api/server.py); returns its JobView."""
-        return self._object("POST", "/v1/jobs", request)
+    def submit(self, request: JobRequest) -> Json:
+        """Submit a job; returns its JobView."""
+        return self._object("POST", "/v1/jobs", request.to_json())
 
     def jobs(self) -> list[Json]:
         return self._list("GET", "/v1/jobs")
@@ -128,7 +129,7 @@ class ApiClient:
 
     # -- transport -------------------------------------------------------------------------
 
-    def _object(self, method: str, path: str, body: Json | None = None) -> Json:
+    def _object(self, method: str, path: str, body: Json | str | None = None) -> Json:
         answer = self.call(method, path, body)
         if not isinstance(answer, dict):
             raise BadResponse(f"{method} {path}: expected a JSON object from the node")
@@ -143,7 +144,12 @@ class ApiClient:
         return answer
 
     def call(
-        self, method: str, path: str, body: Json | None = None, *, timeout_s: float | None = None
+        self,
+        method: str,
+        path: str,
+        body: Json | str | None = None,
+        *,
+        timeout_s: float | None = None,
     ) -> Any:  # noqa: ANN401 - whatever JSON the route returns
         """One request; the decoded JSON answer.
 
@@ -155,7 +161,7 @@ class ApiClient:
         headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
         data = None
         if body is not None:
-            data = json.dumps(body).encode()
+            data = (body if isinstance(body, str) else json.dumps(body)).encode()
             headers["Content-Type"] = "application/json"
         conn = http.client.HTTPConnection(
             self._host, self._port, timeout=self._timeout_s if timeout_s is None else timeout_s

@@ -11,8 +11,9 @@ Rules:
   :class:`Controller` raises :class:`ApiError` for the user's mistakes (404 unknown job,
   400 bad request, 409 conflict); any other exception is logged with its traceback and
   answered 500, and the server goes on serving.
-- The server validates ``POST /v1/jobs`` and fills defaults (:func:`check_submit`), so the
-  controller's ``submit`` always receives every field below, typed as stated.
+- The server parses ``POST /v1/jobs`` into a typed ``JobRequest`` (node/market/request.py,
+  the one parser the CLI uses too) and answers 400 naming the first wrong field; the
+  controller's ``submit`` receives only valid requests.
 - Money is integer micro-credits, time integer milliseconds (``wait`` is seconds).
 
 Routes (all JSON; ``{id}`` is a job id or an unambiguous prefix of one)::
@@ -66,7 +67,7 @@ JobView::
      exit_reason: str|null, exit_code: int|null, outputs: [{path, digest, size}],
      logs: [{path, digest, size}]}
 
-``state`` is one of :data:`JOB_STATES`. The node publishes where it listens in
+``state`` is one of ``node.market.buyer.JOB_STATES``. The node publishes where it listens in
 ``$CX_HOME/api.json`` (``{"url", "token_file"}``) and the token in ``$CX_HOME/api.token``
 (mode 0600): :func:`write_api_info`, :func:`read_api_info`.
 """
@@ -79,7 +80,6 @@ import json
 import logging
 import math
 import os
-import re
 import secrets
 from collections.abc import Awaitable, Callable
 from dataclasses import dataclass
@@ -90,8 +90,7 @@ from urllib.parse import parse_qs, unquote, urlsplit
 import h11
 import trio
 
-from node.market.request import DEFAULTS as _DEFAULTS
-from node.market.request import REQUIRED as _REQUIRED
+from node.market.request import JobRequest, RequestError, parse_request
 
 if TYPE_CHECKING:
     # libp2p pulls in trio-typing, whose stubs shadow trio's own types for mypy and spell
@@ -99,13 +98,10 @@ if TYPE_CHECKING:
     from trio_typing import TaskStatus
 
 __all__ = [
-    "FINAL_STATES",
-    "JOB_STATES",
     "MAX_BODY",
     "MAX_WAIT_S",
     "ApiError",
     "Controller",
-    "check_submit",
     "clear_api_info",
     "new_token",
     "read_api_info",
@@ -121,26 +117,6 @@ READ_TIMEOUT_S = 10.0
 MAX_CONNECTIONS = 100
 API_FILE = "api.json"
 TOKEN_FILE = "api.token"  # noqa: S105 - a file name, not a secret
-
-JOB_STATES = (
-    "waiting",
-    "negotiating",
-    "agreed",
-    "transferring",
-    "running",
-    "succeeded",
-    "failed",
-    "timed-out",
-    "preempted",
-    "provider-fault",
-    "receipted",
-    "settled",
-    "cancelled",
-    "error",
-)
-# States a job never leaves. Not ``preempted`` or ``provider-fault`` (the node bids for the
-# job again), nor ``settled`` (the receipt is recorded, then the job's end state follows).
-FINAL_STATES = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
 
 Json = dict[str, Any]
 
@@ -168,7 +144,7 @@ class Controller(Protocol):
 
     def peers(self) -> list[Json]: ...
 
-    async def submit(self, request: Json) -> Json: ...
+    async def submit(self, request: JobRequest) -> Json: ...
 
     def jobs(self) -> list[Json]: ...
 
@@ -247,121 +223,15 @@ def _write_atomic(path: Path, data: bytes, mode: int) -> None:
 
 # -- request validation ------------------------------------------------------------------
 
-_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
-_TRUST = ("none", "tpm", "sev-snp")
-_PRICE_KEYS = ("cpu_core_hour", "memory_gib_hour", "disk_gib_hour", "gpu_hour")
-
 
 def _bad(message: str) -> ApiError:
     return ApiError(400, "bad-request", message)
 
 
-def _int(value: object, name: str, *, low: int = 0) -> int:
-    if not isinstance(value, int) or isinstance(value, bool) or value < low:
-        raise _bad(f"{name} must be an integer >= {low}")
-    return value
-
-
-def _str(value: object, name: str) -> str:
-    if not isinstance(value, str) or not value:
-        raise _bad(f"{name} must be a non-empty string")
-    return value
-
-
 def _abs_path(value: object, name: str) -> str:
-    text = _str(value, name)
-    if not text.startswith("/"):
-        raise _bad(f"{name} must be an absolute path, not {text!r}")
-    return text
-
-
-def _optional_str(value: object, name: str) -> str | None:
-    return None if value is None else _str(value, name)
-
-
-def _str_list(value: object, name: str) -> list[str]:
-    if not isinstance(value, list):
-        raise _bad(f"{name} must be a list of strings")
-    return [_str(v, f"{name}[{i}]") for i, v in enumerate(value)]
-
-
-def _input(value: object, i: int) -> Json:
-    name = f"inputs[{i}]"
-    if not isinstance(value, dict):
-        raise _bad(f"{name} must be an object")
-    path = _abs_path(value.get("path"), f"{name}.path")
-    if set(value) == {"path", "file"}:
-        return {"path": path, "file": _abs_path(value["file"], f"{name}.file")}
-    if set(value) == {"path", "digest", "size"}:
-        digest = _str(value["digest"], f"{name}.digest")
-        if not _DIGEST.fullmatch(digest):
-            raise _bad(f"{name}.digest must be sha256:<64 hex>")
-        return {"path": path, "digest": digest, "size": _int(value["size"], f"{name}.size")}
-    raise _bad(f"{name} must be {{path, file}} or {{path, digest, size}}")
-
-
-def _prices(value: object) -> Json:
-    if not isinstance(value, dict):
-        raise _bad("max_prices must be an object with cpu_core_hour (micro-credits)")
-    unknown = set(value) - set(_PRICE_KEYS)
-    if unknown:
-        raise _bad(f"max_prices: unknown field(s) {', '.join(sorted(unknown))}")
-    if "cpu_core_hour" not in value:
-        raise _bad("max_prices.cpu_core_hour is required")
-    return {k: _int(value.get(k, 0), f"max_prices.{k}") for k in _PRICE_KEYS}
-
-
-def check_submit(request: object) -> Json:
-    """The job request with every field present and typed (see the module docstring).
-
-    Raises:
-        ApiError: 400 ``bad-request`` naming the first field that is wrong.
-    """
-    if not isinstance(request, dict):
-        raise _bad("the job request must be a JSON object")
-    unknown = set(request) - set(_DEFAULTS) - set(_REQUIRED)
-    if unknown:
-        raise _bad(f"unknown field(s) {', '.join(sorted(unknown))}")
-    missing = [k for k in _REQUIRED if k not in request]
-    if missing:
-        raise _bad(f"missing field(s) {', '.join(missing)}")
-    r = {**_DEFAULTS, **request}
-    image = _str(r["image"], "image")
-    if not (_DIGEST.fullmatch(image) or image.startswith("/")):
-        raise _bad("image must be sha256:<64 hex> or an absolute path to an OCI layout/archive")
-    command = _str_list(r["command"], "command")
-    if not command:
-        raise _bad("command must not be empty")
-    env = r["env"]
-    if not isinstance(env, dict) or not all(
-        isinstance(k, str) and k and "=" not in k and isinstance(v, str) for k, v in env.items()
-    ):
-        raise _bad("env must map variable names to strings")
-    if r["trust"] not in _TRUST:
-        raise _bad(f"trust must be one of {', '.join(_TRUST)}")
-    if not isinstance(r["preemptible"], bool):
-        raise _bad("preemptible must be true or false")
-    if not isinstance(r["inputs"], list):
-        raise _bad("inputs must be a list")
-    checkpoint = r["checkpoint_path"]
-    return {
-        "image": image,
-        "command": command,
-        "env": dict(env),
-        "cpu_milli": _int(r["cpu_milli"], "cpu_milli", low=1),
-        "memory_bytes": _int(r["memory_bytes"], "memory_bytes", low=1),
-        "disk_bytes": _int(r["disk_bytes"], "disk_bytes"),
-        "gpus": _int(r["gpus"], "gpus"),
-        "wall_ms": _int(r["wall_ms"], "wall_ms", low=1),
-        "max_prices": _prices(r["max_prices"]),
-        "arch": _optional_str(r["arch"], "arch"),
-        "regions": _str_list(r["regions"], "regions"),
-        "trust": r["trust"],
-        "inputs": [_input(v, i) for i, v in enumerate(r["inputs"])],
-        "preemptible": r["preemptible"],
-        "checkpoint_path": None if checkpoint is None else _abs_path(checkpoint, "checkpoint"),
-        "name": _optional_str(r["name"], "name"),
-    }
+    if not isinstance(value, str) or not value.startswith("/") or "\x00" in value:
+        raise _bad(f"{name} must be an absolute path")
+    return value
 
 
 # -- routing -------------------------------------------------------------------------------
@@ -410,7 +280,11 @@ async def _peers(c: Controller, call: _Call) -> tuple[int, object]:
 
 
 async def _submit(c: Controller, call: _Call) -> tuple[int, object]:
-    return 201, await c.submit(check_submit(_json_body(call)))
+    try:
+        request = parse_request(call.body)
+    except RequestError as exc:
+        raise ApiError(400, exc.code, str(exc)) from None
+    return 201, await c.submit(request)
 
 
 async def _jobs(c: Controller, call: _Call) -> tuple[int, object]:

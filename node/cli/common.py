@@ -19,6 +19,7 @@ from pathlib import Path
 from node.api.client import ApiClient, ClientError
 from node.api.server import ApiError
 from node.storage.home import default_home
+from protocol.units import MICRO, credits
 
 __all__ = [
     "EXIT_NO_NODE",
@@ -43,7 +44,6 @@ EXIT_NO_NODE = 3
 
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TIME_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
-MICRO = 1_000_000
 
 
 def add_common(parser: argparse.ArgumentParser, *, json_help: str | None = None) -> None:
@@ -91,15 +91,6 @@ def print_json(value: object) -> None:
 
 
 # -- units ----------------------------------------------------------------------------------
-
-
-def credits(micro: int | None) -> str:
-    """Micro-credits as credits, exact: 1500000 -> "1.50", 1 -> "0.000001", None -> "-"."""
-    if micro is None:
-        return "-"
-    whole, frac = divmod(abs(micro), MICRO)
-    digits = f"{frac:06d}".rstrip("0").ljust(2, "0")
-    return f"{'-' if micro < 0 else ''}{whole}.{digits}"
 
 
 def parse_credits(text: str) -> int:

@@ -168,24 +168,19 @@ def _node(args: argparse.Namespace) -> int:
 
 
 async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:
-    from node.api.server import clear_api_info  # imported here: keeps `cx --help` fast
+    from node.api.controller import serve_control  # imported here: keeps `cx --help` fast
     from node.peer import serve_peer
 
     async with trio.open_nursery() as nursery:
         peer = await nursery.start(serve_peer, home)
         for addr in bootstrap:
             await peer.join(addr)
-        info = peer.node_info()
-        role = "provider" if info["provider"] else "buyer"
-        print(
-            f"cx node {info['peer_id']} ({role}) listening on {', '.join(info['addrs'])}",
-            flush=True,
-        )
-        try:
-            with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
-                async for _ in signals:
-                    print("stopping", flush=True)
-                    break
-        finally:
-            clear_api_info(home.root)
-            nursery.cancel_scope.cancel()
+        await nursery.start(serve_control, peer)
+        role = "provider" if peer.provider is not None else "buyer"
+        addrs = ", ".join(peer.net.listen_addrs)
+        print(f"cx node {peer.net.peer_id} ({role}) listening on {addrs}", flush=True)
+        with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
+            async for _ in signals:
+                print("stopping", flush=True)
+                break
+        nursery.cancel_scope.cancel()

@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from node.api.client import ApiClient, ClientError
-from node.api.server import FINAL_STATES, ApiError
+from node.api.server import ApiError
 from node.cli.common import (
     add_common,
     client,
@@ -28,6 +28,8 @@ from node.cli.common import (
     size_bytes,
 )
 from node.cli.image import resolve_image
+from node.market.buyer import FINAL_STATES
+from node.market.request import JobRequest, RequestError, build_request
 from node.storage.image import ImageError
 from node.storage.store import BlobStore
 
@@ -210,8 +212,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_CX
 
 
-def _request(args: argparse.Namespace) -> dict[str, Any]:
-    """The job request for the API from the command line.
+def _request(args: argparse.Namespace) -> JobRequest:
+    """The job request for the API from the command line, checked as the node checks it.
 
     Raises:
         _Unusable: an option cannot be used as given.
@@ -237,7 +239,7 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
     if args.checkpoint_path is not None and not args.checkpoint_path.startswith("/"):
         raise _Unusable("--checkpoint-path must be an absolute path in the container")
     same = args.max_price
-    return {
+    fields = {
         "image": _image(args.image, args.home),
         "command": command,
         "env": env,
@@ -260,6 +262,10 @@ def _request(args: argparse.Namespace) -> dict[str, Any]:
         "checkpoint_path": args.checkpoint_path,
         "name": args.name,
     }
+    try:
+        return build_request(**fields)
+    except RequestError as exc:
+        raise _Unusable(str(exc)) from None
 
 
 def _input(item: str) -> dict[str, str]:

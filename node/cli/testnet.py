@@ -5,11 +5,13 @@ from __future__ import annotations
 import argparse
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from node.cli.common import credits, print_json, table
-from node.testnet import Testnet, Verdict
+from node.testnet import Testnet
+from node.workload import Verdict
 
 EXIT_LOST = 1
 
@@ -28,17 +30,38 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
             "do not sum to zero. Needs root (containers with cgroup limits)."
         ),
     )
-    parser.add_argument("--providers", type=int, default=3, help="provider nodes (default 3)")
-    parser.add_argument("--buyers", type=int, default=2, help="buyer nodes (default 2)")
+    add_market_arguments(parser)
     parser.add_argument(
         "--no-tpm", action="store_true", help="no software TPM (skips the attested job)"
     )
     parser.add_argument(
         "--timeout", type=float, default=120.0, help="seconds to wait for the workload"
     )
+    parser.set_defaults(run=_run)
+
+
+def add_market_arguments(parser: argparse.ArgumentParser) -> None:
+    """The arguments ``cx testnet`` and ``cx demo`` share."""
+    parser.add_argument("--providers", type=int, default=3, help="provider nodes (default 3)")
+    parser.add_argument("--buyers", type=int, default=2, help="buyer nodes (default 2)")
     parser.add_argument("--work", type=Path, help="keep the nodes' homes and logs here")
     parser.add_argument("--json", action="store_true", help="print the outcome as JSON")
-    parser.set_defaults(run=_run)
+
+
+def report(verdict: Verdict, *, as_json: bool, started: float) -> int:
+    """Print the outcome (a table, or JSON); the exit status it means."""
+    if as_json:
+        print_json(
+            {
+                "ok": verdict.ok,
+                "problems": verdict.problems,
+                "jobs": verdict.jobs,
+                "ledgers": verdict.ledgers,
+            }
+        )
+    else:
+        print(render(verdict, time.monotonic() - started))
+    return 0 if verdict.ok else EXIT_LOST
 
 
 def _run(args: argparse.Namespace) -> int:
@@ -52,14 +75,7 @@ def _run(args: argparse.Namespace) -> int:
             print(line, file=sys.stderr, flush=True)
 
     net = Testnet(args.providers, args.buyers, work=args.work, tpm=False if args.no_tpm else None)
-    seen: dict[str, str] = {}
-
-    def progress(views: list[dict[str, Any]]) -> None:
-        for v in views:
-            if seen.get(v["plan"]) != v["state"]:
-                seen[v["plan"]] = v["state"]
-                where = f" on {v['provider_name']}" if v["provider_name"] != "-" else ""
-                say(f"{time.monotonic() - started:6.1f}s  {v['plan']:<10} {v['state']}{where}")
+    progress = progress_printer(started, quiet=args.json)
 
     try:
         net.start(progress=say)
@@ -71,18 +87,22 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_LOST
     finally:
         net.stop()
-    if args.json:
-        print_json(
-            {
-                "ok": verdict.ok,
-                "problems": verdict.problems,
-                "jobs": verdict.jobs,
-                "ledgers": verdict.ledgers,
-            }
-        )
-    else:
-        print(render(verdict, time.monotonic() - started))
-    return 0 if verdict.ok else EXIT_LOST
+    return report(verdict, as_json=args.json, started=started)
+
+
+def progress_printer(started: float, *, quiet: bool) -> Callable[[list[dict[str, Any]]], None]:
+    """A progress callback that prints each job's new state to stderr, once."""
+    seen: dict[str, str] = {}
+
+    def progress(views: list[dict[str, Any]]) -> None:
+        for v in views:
+            if seen.get(v["plan"]) != v["state"] and not quiet:
+                seen[v["plan"]] = v["state"]
+                where = f" on {v['provider_name']}" if v["provider_name"] != "-" else ""
+                line = f"{time.monotonic() - started:6.1f}s  {v['plan']:<10} {v['state']}{where}"
+                print(line, file=sys.stderr, flush=True)
+
+    return progress
 
 
 def render(verdict: Verdict, elapsed_s: float) -> str:

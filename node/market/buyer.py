@@ -24,9 +24,8 @@ import trio
 
 from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
-from node.clock import new_nonce, now_ms
 from node.market.gossip import Market
-from node.market.request import bid_from_request
+from node.market.request import JobRequest, bid_from_request, parse_request
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -49,6 +48,7 @@ from node.storage import transfer
 from node.storage.db import Database, JobRow
 from node.tpm import attestor as attestation
 from protocol.book import Match
+from protocol.buying import Buying
 from protocol.envelope import MessageId, Signed, open_signed
 from protocol.errors import ProtocolError, Reason
 from protocol.identity import PrivateKey, PublicKey
@@ -64,18 +64,34 @@ from protocol.messages import (
     UsageReceipt,
 )
 from protocol.negotiation import Agreement, terms_hash
-from protocol.trader import Trader
 
-__all__ = ["Buyer"]
+__all__ = ["FINAL_STATES", "JOB_STATES", "WAITING_STATES", "Buyer"]
 
 log = logging.getLogger(__name__)
 
-BID_TTL_MS = 3_600_000
-NEGOTIATION_TIMEOUT_S = 30.0  # covers a TPM quote, or a preemption's grace period
-HEARTBEAT_S = 1.0
-MISSED_HEARTBEATS = 3
 MAX_ATTEMPTS = 5  # agreements per job before the buyer stops bidding for it again
-FETCH_TIMEOUT_S = 300.0
+
+# The states of a buyer's job (its event log names them).
+JOB_STATES = (
+    "waiting",
+    "negotiating",
+    "agreed",
+    "transferring",
+    "running",
+    "succeeded",
+    "failed",
+    "timed-out",
+    "preempted",
+    "provider-fault",
+    "receipted",
+    "settled",
+    "cancelled",
+    "error",
+)
+WAITING_STATES = frozenset({"waiting", "negotiating"})  # its bid looks for a provider
+# States a job never leaves. Not ``preempted`` or ``provider-fault`` (the node bids for the
+# job again), nor ``settled`` (the receipt is recorded, then the job's end state follows).
+FINAL_STATES = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
 _RETRY = frozenset({ExitReason.PREEMPTED, ExitReason.PROVIDER_FAULT})
 
 
@@ -84,15 +100,12 @@ class Buyer:
         self.market = market
         self.key = key
         self.trust = trust
+        self.buying = Buying(market.trader)
+        self.timings = market.timings
         self._nursery: trio.Nursery | None = None
         self._bid_jobs: dict[bytes, str] = {}  # bid id -> job id
         self._negotiating: set[bytes] = set()  # bid ids
         self._followed: dict[bytes, trio.Event] = {}  # agreement id -> job over
-        self.changed = trio.Event()  # set and replaced whenever a job's state changes
-
-    @property
-    def trader(self) -> Trader:
-        return self.market.trader
 
     @property
     def db(self) -> Database:
@@ -110,19 +123,37 @@ class Buyer:
     # -- jobs --------------------------------------------------------------------------
 
     def _event(self, job_id: str, state: str, detail: str = "") -> None:
-        self.db.add_event(job_id, now_ms(), state, detail)
+        self.db.add_event(job_id, self.market.now_ms(), state, detail)
         log.info("job %s: %s %s", job_id, state, detail)
-        self.changed.set()
-        self.changed = trio.Event()
+        self.market.touch()
 
-    async def submit(self, job: JobRow, bid: Bid) -> JobRow:
-        """Record ``job`` and bid for it; matching and negotiation continue in the background."""
+    async def submit(self, request: JobRequest) -> JobRow:
+        """Record a resolved request as a new job and bid for it; matching and negotiation
+        continue in the background.
+
+        Raises:
+            RequestError: the request cannot become a bid.
+        """
+        bid = bid_from_request(request)
+        now = self.market.now_ms()
+        job = JobRow(
+            id=self.market.nonce(8).hex(),
+            name=request.name,
+            request=request.to_json(),
+            state="waiting",
+            created_ms=now,
+            updated_ms=now,
+        )
         with self.db.atomic():  # a job is never stored without its bid
             self.db.add_job(job)
             self._event(job.id, "waiting", "bid posted")
             posted = self._post(job.id, bid)
         await self._announce(*posted)
         return self._row(job.id)
+
+    def bid_of(self, job: JobRow) -> Bid:
+        """The bid a job's request makes (the last one posted may add a checkpoint)."""
+        return bid_from_request(parse_request(job.request))
 
     def _row(self, job_id: str) -> JobRow:
         job = self.db.job(job_id)
@@ -131,8 +162,11 @@ class Buyer:
         return job
 
     def _post(self, job_id: str, bid: Bid) -> tuple[Signed[Bid], list[Match]]:
-        order, matches = self.trader.post(
-            bid, nonce=new_nonce(), now_ms=now_ms(), ttl_ms=BID_TTL_MS
+        order, matches = self.buying.trader.post(
+            bid,
+            nonce=self.market.nonce(),
+            now_ms=self.market.now_ms(),
+            ttl_ms=self.timings.bid_ttl_ms,
         )
         with self.db.atomic():
             self.db.save_order(order.id, "bid", order.wire, order.expires_ms, job_id)
@@ -148,11 +182,13 @@ class Buyer:
     async def cancel(self, job_id: str) -> bool:
         """Withdraw a job's bid if it has not been agreed yet; False if it is too late."""
         job = self.db.job(job_id)
-        if job is None or job.bid_id is None or job.state not in ("waiting", "negotiating"):
+        if job is None or job.bid_id is None or job.state not in WAITING_STATES:
             return False
         if job.bid_id in self._negotiating:
             return False
-        cancel = self.trader.cancel(MessageId(job.bid_id), nonce=new_nonce(), now_ms=now_ms())
+        cancel = self.buying.trader.cancel(
+            MessageId(job.bid_id), nonce=self.market.nonce(), now_ms=self.market.now_ms()
+        )
         self.db.drop_order(job.bid_id)
         self._event(job_id, "cancelled", "bid withdrawn")
         await self.market.publish(cancel, topic=BIDS_TOPIC)
@@ -175,7 +211,8 @@ class Buyer:
             while match is not None and job_id is not None:
                 if await self._try(job_id, match) is not None:
                     return
-                match = next(iter(self.trader.next_match(bid_id, now_ms=now_ms())), None)
+                now = self.market.now_ms()
+                match = next(iter(self.buying.next_match(bid_id, now_ms=now)), None)
             if job_id is not None:
                 self._event(job_id, "waiting", "no provider agreed yet; the bid waits for offers")
         except Exception:
@@ -189,27 +226,30 @@ class Buyer:
         provider = PublicKey(match.provider)
         who = provider.peer_id
         self._event(job_id, "negotiating", f"proposing to {who}")
-        proposal = self.trader.propose(
-            match, nonce=new_nonce(), attestation_nonce=new_nonce(32), now_ms=now_ms()
+        proposal = self.buying.propose(
+            match,
+            nonce=self.market.nonce(),
+            attestation_nonce=self.market.nonce(32),
+            now_ms=self.market.now_ms(),
         )
         terms = proposal.payload.terms
         accepted = False
         try:
-            with trio.fail_after(NEGOTIATION_TIMEOUT_S):
+            with trio.fail_after(self.timings.negotiation_timeout_s):
                 stream = FramedStream(await self.market.net.open_stream(who, NEGOTIATE))
                 try:
                     await stream.send_frame(proposal.wire)
                     answer = await stream.receive_frame()
                     if answer is None:
                         raise RemoteNetworkError(NetReason.CLOSED, "no answer to the proposal")
-                    reply = self.trader.receive_reply(answer, now_ms=now_ms())
+                    reply = self.buying.receive_reply(answer, now_ms=self.market.now_ms())
                     if not isinstance(reply.payload, Accept):
                         why = f"{reply.payload.reason} {reply.payload.detail}".strip()
                         self._event(job_id, "negotiating", f"{who} rejected: {why}")
                         return None
                     accepted = True
                     await self._check_evidence(provider, terms, reply.payload.evidence)
-                    agreement: Agreement = self.trader.agree(proposal.id)
+                    agreement: Agreement = self.buying.agree(proposal.id)
                     self._agreed(job_id, match, agreement)  # durable before the provider runs
                     try:
                         await stream.send_frame(agreement.to_wire())
@@ -220,14 +260,14 @@ class Buyer:
                 finally:
                     await stream.aclose()
         except (EvidenceError, attestation.EnrolmentError) as exc:
-            self.trader.evidence_failed(proposal.id)
+            self.buying.evidence_failed(proposal.id)
             self._event(job_id, "negotiating", f"{who}: evidence refused: {exc}")
         except (NetworkError, trio.TooSlowError, ProtocolError, PeerRefused) as exc:
             self._event(job_id, "negotiating", f"{who} did not agree: {exc or 'no answer'}")
             if accepted:
-                self.trader.evidence_failed(proposal.id)
+                self.buying.evidence_failed(proposal.id)
             else:
-                self.trader.negotiation_timed_out(proposal.id)
+                self.buying.negotiation_timed_out(proposal.id)
         return None
 
     async def _check_evidence(self, provider: PublicKey, terms: Any, evidence: Any) -> None:  # noqa: ANN401
@@ -242,7 +282,13 @@ class Buyer:
             and not self.trust.trusted(provider.raw)
         ):
             await attestation.enrol(
-                self.market.net, provider.peer_id, provider, self.trust, self.key, now_ms()
+                self.market.net,
+                provider.peer_id,
+                provider,
+                self.trust,
+                self.key,
+                self.market.now_ms(),
+                entropy=self.market.entropy,
             )
         verify_evidence(
             evidence,
@@ -250,7 +296,7 @@ class Buyer:
             provider_key=provider.raw,
             nonce=terms.attestation_nonce,
             terms_hash=terms_hash(terms),
-            at=datetime.now(UTC),
+            at=datetime.fromtimestamp(self.market.now_ms() / 1000, UTC),
             trusted_aks=self.trust.trusted(provider.raw),
         )
 
@@ -265,7 +311,7 @@ class Buyer:
                 state=JobState.AGREED.value,
                 peer=PublicKey(terms.provider).peer_id,
                 job_id=job_id,
-                created_ms=now_ms(),
+                created_ms=self.market.now_ms(),
             )
             self.db.update_job(
                 job_id,
@@ -281,7 +327,7 @@ class Buyer:
                 "agreed",
                 f"with {PublicKey(terms.provider).peer_id}, max cost {terms.max_cost}",
             )
-        self.market.record_trade(match.offer.payload, now_ms())
+        self.market.record_trade(match.offer.payload, self.market.now_ms())
         self._follow(agreement)
 
     # -- following the job -------------------------------------------------------------
@@ -296,24 +342,24 @@ class Buyer:
         peer = PublicKey(agreement.terms.provider).peer_id
         missed = 0
         while not over.is_set():
-            with trio.move_on_after(HEARTBEAT_S):
+            with trio.move_on_after(self.timings.heartbeat_s):
                 await over.wait()
             if over.is_set():
                 return
             try:
-                with trio.fail_after(HEARTBEAT_S * 2):
+                with trio.fail_after(self.timings.heartbeat_s * 2):
                     ping = control(agreement=agreement.id)
                     answer = read_control(await request(self.market.net, peer, PING, ping))
-                missed = 0 if answer.get("state") is not None else MISSED_HEARTBEATS
+                missed = 0 if answer.get("state") is not None else self.timings.missed_heartbeats
             except (NetworkError, trio.TooSlowError, PeerRefused):
                 missed += 1
-            if missed >= MISSED_HEARTBEATS and not over.is_set():
+            if missed >= self.timings.missed_heartbeats and not over.is_set():
                 await self._provider_lost(agreement, f"{peer} stopped answering heartbeats")
                 return
 
     async def _provider_lost(self, agreement: Agreement, why: str) -> None:
-        self.trader.abandon(agreement.id)
-        self.trader.reputation[agreement.terms.provider] = -1  # not again, with this buyer
+        self.buying.abandon(agreement.id)
+        self.buying.trader.reputation[agreement.terms.provider] = -1  # not again, with this buyer
         self.db.set_agreement_state(agreement.id, JobState.PROVIDER_FAULT.value)
         self._followed[agreement.id].set()
         row = self.db.agreement(agreement.id)
@@ -329,7 +375,7 @@ class Buyer:
         if job.attempts >= MAX_ATTEMPTS:
             self._event(job_id, "error", f"gave up after {job.attempts} attempts; see `cx jobs`")
             return
-        bid = bid_from_request(job.request)
+        bid = self.bid_of(job)
         if checkpoint is not None:
             bid = dataclasses.replace(
                 bid,
@@ -368,13 +414,13 @@ class Buyer:
         await stream.send_frame(answer)
 
     def _status(self, wire: bytes, payload: JobStatus) -> None:
-        job = self.trader.jobs.get(payload.agreement_id)
+        job = self.buying.jobs.get(payload.agreement_id)
         if job is not None and job.state in (JobState.PROVIDER_FAULT, payload.state):
             # We gave up on this provider (only its zero receipt still matters), or we stored
             # this status before a crash cut off our answer and the outbox sends it again.
             return
         try:
-            status = self.trader.receive_status(wire, now_ms=now_ms())
+            status = self.buying.receive_status(wire, now_ms=self.market.now_ms())
         except ProtocolError as exc:
             if exc.reason is Reason.REPLAYED:
                 return  # a retry of one we took: its acknowledgement was lost
@@ -391,20 +437,20 @@ class Buyer:
         stored = self.db.receipt(receipt.agreement_id)
         if stored is not None and stored[1] is not None:
             return bytes(stored[1])  # settled already; the provider missed our answer
-        with trio.fail_after(FETCH_TIMEOUT_S):
+        with trio.fail_after(self.timings.buyer_fetch_timeout_s):
             for ref in (*receipt.outputs, *receipt.logs):
                 await transfer.fetch_blob(self.market.net, self.market.store, ref.digest, [peer])
             if receipt.checkpoint is not None:
                 await transfer.fetch_blob(
                     self.market.net, self.market.store, receipt.checkpoint, [peer]
                 )
-        countersigned = self.trader.receive_receipt(wire, now_ms=now_ms())
-        agreement = self.trader.agreements[receipt.agreement_id]
+        countersigned = self.buying.receive_receipt(wire, now_ms=self.market.now_ms())
+        agreement = self.buying.agreements[receipt.agreement_id]
         entry = countersigned.ledger_entry(agreement)
         row = self.db.agreement(receipt.agreement_id)
         job_id = row.job_id if row is not None else None
         with self.db.atomic():
-            self.db.settle(entry, wire, countersigned.to_wire(), now_ms())
+            self.db.settle(entry, wire, countersigned.to_wire(), self.market.now_ms())
             self.db.set_agreement_state(agreement.id, JobState.SETTLED.value)
             if job_id is not None:
                 self._record_outcome(job_id, receipt)
@@ -445,7 +491,7 @@ class Buyer:
 
     def _restore(self) -> None:
         """Rest our bids again and follow the agreements still in flight."""
-        now = now_ms()
+        now = self.market.now_ms()
         for order_id, kind, wire, expires_ms, job_id in self.db.orders():
             if kind != "bid" or job_id is None:
                 continue
@@ -453,7 +499,7 @@ class Buyer:
                 self.db.drop_order(order_id)
                 continue
             self._bid_jobs[order_id] = job_id
-            for match in self.trader.repost(open_signed(wire), now_ms=now):
+            for match in self.buying.trader.repost(open_signed(wire), now_ms=now):
                 self._on_match(match)
         for row in self.db.agreements():
             if row.role != "buyer":
@@ -462,7 +508,7 @@ class Buyer:
             if state in (JobState.SETTLED, JobState.ERROR):
                 continue
             agreement = Agreement.from_wire(row.wire)
-            self.trader.resume(agreement, state)
+            self.buying.resume(agreement, state)
             if state not in ENDED and state is not JobState.RECEIPTED:
                 self._follow(agreement)
         for job in self.db.jobs():

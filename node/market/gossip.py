@@ -21,7 +21,7 @@ from typing import TYPE_CHECKING, Any
 
 import trio
 
-from node.clock import now_ms
+from node.clock import Clock, Entropy, Timings, nonce
 from node.net.transport import (
     FramedStream,
     Network,
@@ -46,8 +46,6 @@ __all__ = ["Market", "Trade"]
 
 log = logging.getLogger(__name__)
 
-MAINTENANCE_S = 1.0
-HELLO_TIMEOUT_S = 5.0
 MAX_PEERS = 64  # addresses learned by hello are dialled up to this many connections
 _HARMLESS = frozenset({Reason.EXPIRED, Reason.REPLAYED, Reason.NOT_YET_VALID})
 
@@ -69,20 +67,52 @@ def resource_class(offer: Offer) -> str:
 
 
 class Market:
-    def __init__(self, trader: Trader, net: Network, db: Database, store: BlobStore) -> None:
+    """The node's market core; the roles reach the network, state, time and randomness
+    through it (``clock``, ``timings``, ``entropy`` are the only sources of those)."""
+
+    def __init__(
+        self,
+        trader: Trader,
+        net: Network,
+        db: Database,
+        store: BlobStore,
+        *,
+        clock: Clock,
+        timings: Timings,
+        entropy: Entropy,
+    ) -> None:
         self.trader = trader
         self.net = net
         self.db = db
         self.store = store
+        self.clock = clock
+        self.timings = timings
+        self.entropy = entropy
         self.addresses: dict[PeerId, str] = {}  # dialable addresses learned by hello
         self.trades: deque[Trade] = deque(maxlen=200)
         self.rejected: dict[str, int] = {}  # gossip refused, by reason
         self.on_match: Callable[[Match], None] = lambda match: None
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
+        self._changed = trio.Event()
 
     @property
     def me(self) -> PeerId:
         return self.net.peer_id
+
+    def now_ms(self) -> int:
+        return self.clock.now_ms()
+
+    def nonce(self, size: int = 16) -> bytes:
+        return nonce(self.entropy, size)
+
+    def touch(self) -> None:
+        """Something observable changed (a job, the book, the ledger): wake the waiters."""
+        self._changed.set()
+        self._changed = trio.Event()
+
+    async def changed(self) -> None:
+        """Return at the next :meth:`touch`."""
+        await self._changed.wait()
 
     async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the topics and serve hello and book; runs until cancelled."""
@@ -101,7 +131,7 @@ class Market:
     def _validate(self, author: PeerId, data: bytes) -> Verdict:
         """The topic validator: admission plus the book, before anything is forwarded."""
         try:
-            _, matches = self.trader.receive_order(data, now_ms=now_ms())
+            _, matches = self.trader.receive_order(data, now_ms=self.now_ms())
         except ProtocolError as exc:
             harmless = exc.reason in _HARMLESS or isinstance(exc, LocalProtocolError)
             if not harmless:
@@ -110,6 +140,7 @@ class Market:
             return Verdict.IGNORE if harmless else Verdict.REJECT
         for match in matches:
             self._matches_send.send_nowait(match)
+        self.touch()
         return Verdict.ACCEPT
 
     async def _drain(self, channel: trio.MemoryReceiveChannel[Any]) -> None:
@@ -139,9 +170,10 @@ class Market:
 
     async def _maintain(self) -> None:
         while True:
-            await trio.sleep(MAINTENANCE_S)
-            now = now_ms()
-            self.trader.book.expire(now)
+            await trio.sleep(self.timings.maintenance_s)
+            now = self.now_ms()
+            if self.trader.book.expire(now):
+                self.touch()
             self.trader.guard.forget_expired(now)
 
     # -- peers -------------------------------------------------------------------------
@@ -165,22 +197,12 @@ class Market:
         bid restored after a restart) reached nobody, and the book exchange only pulls.
         Peers that hold an order already ignore the repeat (admission's replay guard).
         """
-        now = now_ms()
-        book = self.trader.book
-        mine: list[Signed[Any]] = [
-            o.order for o in book.live_offers(now) if o.order.signer == self.trader.me
-        ]
-        mine += [
-            b.order
-            for b in book.bids.values()
-            if b.order.signer == self.trader.me and b.order.expires_ms > now
-        ]
-        for order in mine:
+        for order in self.trader.live_orders(self.now_ms(), mine=True):
             await self.publish(order)
 
     async def _hello(self, peer: PeerId) -> None:
         try:
-            with trio.fail_after(HELLO_TIMEOUT_S):
+            with trio.fail_after(self.timings.hello_timeout_s):
                 stream = FramedStream(await self.net.open_stream(peer, HELLO))
                 try:
                     await stream.send_frame(control(addrs=self.net.listen_addrs))
@@ -217,7 +239,7 @@ class Market:
         """Take the live orders of ``peer``'s book; returns how many were new here."""
         taken = 0
         try:
-            with trio.fail_after(HELLO_TIMEOUT_S * 4):
+            with trio.fail_after(self.timings.hello_timeout_s * 4):
                 stream = FramedStream(await self.net.open_stream(peer, BOOK))
                 try:
                     await stream.send_frame(control())
@@ -233,9 +255,5 @@ class Market:
     async def _serve_book(self, raw: Stream) -> None:
         stream = FramedStream(raw)
         read_control(await stream.receive_frame())
-        now = now_ms()
-        book = self.trader.book
-        orders: list[Signed[Any]] = [o.order for o in book.live_offers(now)]
-        orders += [b.order for b in book.bids.values() if b.order.expires_ms > now]
-        for order in orders:
+        for order in self.trader.live_orders(self.now_ms()):
             await stream.send_frame(order.wire)

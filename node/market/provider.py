@@ -1,11 +1,12 @@
 """The provider role of a node: sell capacity, run agreed jobs, get receipts countersigned.
 
 The provider gossips a signed offer (a fresh one at start and before the old one expires).
-A buyer's proposal arrives on ``/cx/negotiate/1``: the provider re-checks its capacity and
-the terms against its offer, attaches a TPM quote bound to the terms when the bid demands
-it, and may preempt a cheaper preemptible job to make room. After the agreement it pulls
-the image and inputs from the buyer by digest, marks the job *started* in the database,
-runs it through the executor, and signs a usage receipt.
+A buyer's proposal arrives on ``/cx/negotiate/1``; what to refuse, and which cheaper
+preemptible jobs to preempt to make room, are decided by :class:`protocol.selling.Selling`;
+this shell gathers its inputs and acts: it attaches a TPM quote bound to the terms when the
+bid demands it, preempts, and after the agreement pulls the image and inputs from the buyer
+by digest, marks the job *started* in the database, runs it through its :class:`Runner`
+(the executor) and signs a usage receipt.
 
 Statuses and receipts go through a durable outbox, in order, per buyer, until the buyer
 answers (a status with ``ok``, a receipt with its countersignature); after a crash the
@@ -20,12 +21,11 @@ import contextlib
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import Any, Protocol
 
 import trio
 
-from node.clock import new_nonce, now_ms
-from node.exec.executor import CapacityExceeded, Executor, JobResult
+from node.exec.executor import CapacityExceeded, JobResult
 from node.market.gossip import Market
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream
 from node.net.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
@@ -38,33 +38,46 @@ from protocol.errors import ProtocolError, Reason
 from protocol.identity import PrivateKey, PublicKey
 from protocol.messages import (
     Accept,
+    Checkpoint,
     DataRef,
     ExitReason,
+    JobSpec,
     JobState,
     Offer,
-    Reject,
-    RejectReason,
+    Resources,
     Terms,
     TrustLevel,
     Usage,
     UsageReceipt,
 )
 from protocol.negotiation import Agreement, terms_hash
-from protocol.trader import Trader
+from protocol.selling import Selling
 
-__all__ = ["Provider"]
+__all__ = ["Provider", "Runner"]
 
 log = logging.getLogger(__name__)
 
-AGREEMENT_TIMEOUT_S = 30.0
-FETCH_TIMEOUT_S = 600.0
-DELIVERY_TIMEOUT_S = 330.0  # the buyer fetches outputs before it countersigns
-RETRY_S = 2.0
-REFRESH_FRACTION = 0.9  # re-post the offer at this fraction of its lifetime
 # A buyer that refuses a receipt for one of these reasons will refuse it again.
 _FINAL_REFUSALS = frozenset(
     {Reason.ILLEGAL_TRANSITION, Reason.TERMS_MISMATCH, Reason.WRONG_PARTY, Reason.BAD_SIGNATURE}
 )
+
+
+class Runner(Protocol):
+    """What the provider needs of an executor (node.exec.Executor; a fake in tests)."""
+
+    async def recover(self) -> None: ...
+
+    async def run_job(
+        self,
+        spec: JobSpec,
+        resources: Resources,
+        *,
+        job_id: str,
+        checkpoint: Checkpoint | None,
+    ) -> JobResult: ...
+
+    def preempt(self, job_id: str) -> bool: ...
 
 
 @dataclass(slots=True)
@@ -79,7 +92,7 @@ class Provider:
         self,
         market: Market,
         key: PrivateKey,
-        executor: Executor,
+        executor: Runner,
         config: ProviderConfig,
         attestor: TpmAttestor | None,
     ) -> None:
@@ -88,15 +101,16 @@ class Provider:
         self.executor = executor
         self.config = config
         self.attestor = attestor
-        self.offer: Signed[Offer] | None = None
+        self.selling = Selling(market.trader)
+        self.timings = market.timings
         self._running: dict[bytes, _Running] = {}
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         self._delivering: set[str] = set()
 
     @property
-    def trader(self) -> Trader:
-        return self.market.trader
+    def offer(self) -> Signed[Offer] | None:
+        return self.selling.offer
 
     @property
     def db(self) -> Database:
@@ -125,28 +139,28 @@ class Provider:
 
     async def _post_offer(self) -> None:
         """Post a fresh offer and cancel the ones before it."""
-        old = [(oid, wire) for oid, kind, wire, _, _ in self.db.orders() if kind == "offer"]
-        order, matches = self.trader.post(
-            self._offer(), nonce=new_nonce(), now_ms=now_ms(), ttl_ms=self.config.offer_ttl_ms
+        old = [oid for oid, kind, _, _, _ in self.db.orders() if kind == "offer"]
+        order = self.selling.post_offer(
+            self._offer(),
+            nonce=self.market.nonce(),
+            now_ms=self.market.now_ms(),
+            ttl_ms=self.config.offer_ttl_ms,
         )
-        for match in matches:  # bids we could serve: their buyers propose when they see us
-            self.trader.book.release(match, rest_bid=True)
-        for running in self._running.values():
-            self.trader.book.reserve(order.id, running.agreement.terms.resources)
         self.db.save_order(order.id, "offer", order.wire, order.expires_ms, None)
-        self.offer = order
         await self.market.publish(order)
-        for offer_id, _ in old:
+        for offer_id in old:
             self.db.drop_order(offer_id)
-            if offer_id in self.trader.book.offers:
-                cancel = self.trader.cancel(MessageId(offer_id), nonce=new_nonce(), now_ms=now_ms())
+            cancel = self.selling.withdraw(
+                offer_id, nonce=self.market.nonce(), now_ms=self.market.now_ms()
+            )
+            if cancel is not None:
                 await self.market.publish(cancel)
 
     async def _refresh_offer(self) -> None:
         while True:
             assert self.offer is not None
             lifetime = self.offer.expires_ms - self.offer.issued_ms
-            await trio.sleep(lifetime * REFRESH_FRACTION / 1000)
+            await trio.sleep(lifetime * self.timings.offer_refresh / 1000)
             await self._post_offer()
 
     # -- negotiation -------------------------------------------------------------------
@@ -157,7 +171,7 @@ class Provider:
         if frame is None:
             return
         try:
-            proposal = self.trader.receive_proposal(frame, now_ms=now_ms())
+            proposal = self.selling.receive_proposal(frame, now_ms=self.market.now_ms())
             if proposal.signer.peer_id != raw.remote_peer:
                 raise ProtocolError(Reason.WRONG_PARTY, "the proposal's buyer is not this peer")
         except ProtocolError as exc:
@@ -168,14 +182,14 @@ class Provider:
         if not isinstance(reply.payload, Accept):
             return
         try:
-            with trio.fail_after(AGREEMENT_TIMEOUT_S):
+            with trio.fail_after(self.timings.agreement_timeout_s):
                 wire = await stream.receive_frame()
             if wire is None:
                 raise ProtocolError(Reason.MALFORMED, "the buyer left without agreeing")
-            agreement = self.trader.receive_agreement(wire)
+            agreement = self.selling.receive_agreement(wire)
         except (NetworkError, trio.TooSlowError, ProtocolError) as exc:
             log.info("no agreement for proposal %s: %s", proposal.id.hex()[:12], exc)
-            self.trader.provider_timed_out(proposal.id)
+            self.selling.timed_out(proposal.id)
             return
         self.db.save_agreement(
             agreement.id,
@@ -184,9 +198,9 @@ class Provider:
             state=JobState.AGREED.value,
             peer=raw.remote_peer,
             job_id=None,
-            created_ms=now_ms(),
+            created_ms=self.market.now_ms(),
         )
-        self.market.record_trade(self._offer(), now_ms())
+        self.market.record_trade(self._offer(), self.market.now_ms())
         assert self._nursery is not None
         self._nursery.start_soon(self._run_job, agreement)
         try:
@@ -195,58 +209,34 @@ class Provider:
             log.info("agreement ack lost (%s); the buyer holds the agreement already", exc)
 
     async def _answer(self, proposal_id: MessageId, terms: Terms) -> Signed[Any]:
-        """Accept with evidence when the terms need it, after making room if we may."""
-
-        def reject(reason: RejectReason, detail: str) -> Signed[Reject]:
-            rejection: Signed[Reject] = self.trader.reject(
-                proposal_id, reason, detail, nonce=new_nonce(), now_ms=now_ms()
-            )
-            return rejection
-
-        if self.offer is None or terms.offer_id != self.offer.id:
-            # An offer we replaced can still rest in our own book: after a restart, book
-            # syncs hand it back to us. Its capacity is the current offer's; never sell it twice.
-            return reject(RejectReason.UNKNOWN_ORDER, "that offer was replaced by a newer one")
-        level = terms.trust.level
-        if level is TrustLevel.SEV_SNP or (level is TrustLevel.TPM and self.attestor is None):
-            return reject(RejectReason.TRUST_UNAVAILABLE, f"this provider cannot attest {level}")
-        await self._make_room(terms)
+        """Refuse, or make room and accept with evidence when the terms need it."""
+        refusal = self.selling.screen(proposal_id)
+        if refusal is None:
+            victims = self.selling.preemption_for(proposal_id)
+            if victims:
+                await self._preempt(victims)
         evidence = None
-        if level is TrustLevel.TPM and self.attestor is not None:
+        if refusal is None and terms.trust.level is TrustLevel.TPM and self.attestor is not None:
             evidence = await self.attestor.evidence(
                 provider_key=self.key.public_key.raw,
                 nonce=terms.attestation_nonce,
                 terms_hash=terms_hash(terms),
             )
-        reply: Signed[Any] = self.trader.accept(
-            proposal_id, evidence=evidence, nonce=new_nonce(), now_ms=now_ms()
+        # accept() screens again and holds the capacity, or rejects with the reason
+        reply: Signed[Any] = self.selling.accept(
+            proposal_id, evidence=evidence, nonce=self.market.nonce(), now_ms=self.market.now_ms()
         )
         return reply
 
-    async def _make_room(self, terms: Terms) -> None:
-        """Preempt cheaper preemptible jobs when a better-paying proposal does not fit."""
-        offer = self.trader.book.offers.get(MessageId(terms.offer_id))
-        if offer is None or terms.resources.fits_in(offer.remaining):
-            return
-        victims, free = [], offer.remaining
-        for running in sorted(self._running.values(), key=_price):
-            if terms.resources.fits_in(free):
-                break
-            t = running.agreement.terms
-            if t.preemptible and t.prices.cpu_core_hour < terms.prices.cpu_core_hour:
-                victims.append(running)
-                free = free.plus(t.resources)
-        if not terms.resources.fits_in(free):
-            return
-        for victim in victims:
+    async def _preempt(self, victims: list[bytes]) -> None:
+        """Stop the chosen jobs (their declared signal, grace, kill) and wait for them."""
+        running = [self._running[v] for v in victims if v in self._running]
+        for victim in running:
             log.info("preempting %s for a better-paying job", victim.job_id)
             self.executor.preempt(victim.job_id)
-        grace = max(
-            (v.agreement.terms.checkpoint.grace_ms if v.agreement.terms.checkpoint else 10_000)
-            for v in victims
-        )
+        grace = max((v.agreement.terms.checkpoint or Checkpoint()).grace_ms for v in running)
         with trio.move_on_after(grace / 1000 + 5):
-            for victim in victims:
+            for victim in running:
                 await victim.done.wait()
 
     # -- running a job -----------------------------------------------------------------
@@ -269,12 +259,12 @@ class Provider:
         terms = agreement.terms
         self._tell(agreement, JobState.TRANSFERRING, "fetching the image and inputs")
         try:
-            with trio.fail_after(FETCH_TIMEOUT_S):
+            with trio.fail_after(self.timings.provider_fetch_timeout_s):
                 await self._fetch(terms, PublicKey(terms.buyer).peer_id)
         except (transfer.TransferError, NetworkError, trio.TooSlowError) as exc:
             self._fault(agreement, f"could not fetch the job's content: {exc}")
             return
-        self.db.mark_started(agreement.id, now_ms())
+        self.db.mark_started(agreement.id, self.market.now_ms())
         self._tell(agreement, JobState.RUNNING, "container started")
         try:
             result = await self.executor.run_job(
@@ -295,8 +285,12 @@ class Provider:
             await transfer.fetch_blob(net, store, digest, [buyer])
 
     def _tell(self, agreement: Agreement, state: JobState, detail: str = "") -> None:
-        status = self.trader.status(
-            agreement.id, state, nonce=new_nonce(), now_ms=now_ms(), detail=detail
+        status = self.selling.status(
+            agreement.id,
+            state,
+            nonce=self.market.nonce(),
+            now_ms=self.market.now_ms(),
+            detail=detail,
         )
         self._send(agreement, state, status.wire)
 
@@ -307,6 +301,7 @@ class Provider:
             self.db.set_agreement_state(agreement.id, state.value)
             self.db.queue(agreement.id, peer, wire)
         self._wake.set()
+        self.market.touch()
 
     def _receipt(self, agreement: Agreement, result: JobResult) -> None:
         logs = tuple(
@@ -335,12 +330,9 @@ class Provider:
         )
 
     def _issue(self, agreement: Agreement, **receipt: Any) -> None:  # noqa: ANN401
-        signed = self.trader.issue_receipt(
-            agreement.id, nonce=new_nonce(), now_ms=now_ms(), **receipt
+        signed = self.selling.issue_receipt(
+            agreement.id, nonce=self.market.nonce(), now_ms=self.market.now_ms(), **receipt
         )
-        if self.offer is not None and agreement.terms.offer_id != self.offer.id:
-            # the job ran on an offer we have since replaced: free its room on the new one
-            self.trader.book.give_back(self.offer.id, agreement.terms.resources)
         with self.db.atomic():
             self.db.save_receipt(agreement.id, signed.wire)
             self._send(agreement, JobState.RECEIPTED, signed.wire)
@@ -349,8 +341,8 @@ class Provider:
         stream = FramedStream(raw)
         asked = read_control(await stream.receive_frame())
         agreement_id = bytes(asked.get("agreement", b""))
-        job = self.trader.jobs.get(agreement_id)
-        agreement = self.trader.agreements.get(agreement_id)
+        job = self.selling.jobs.get(agreement_id)
+        agreement = self.selling.agreements.get(agreement_id)
         mine = agreement is not None and PublicKey(agreement.terms.buyer).peer_id == raw.remote_peer
         await stream.send_frame(control(state=job.state.value if job and mine else None))
 
@@ -363,7 +355,7 @@ class Provider:
             for peer in {peer for _, _, peer, _ in self.db.outbox()} - self._delivering:
                 self._delivering.add(peer)
                 self._nursery.start_soon(self._deliver_to, peer)
-            with trio.move_on_after(RETRY_S):
+            with trio.move_on_after(self.timings.retry_s):
                 await self._wake.wait()
 
     async def _deliver_to(self, peer: str) -> None:
@@ -378,7 +370,7 @@ class Provider:
     async def _deliver(self, item_id: int, agreement_id: bytes, peer: PeerId, wire: bytes) -> bool:
         is_receipt = isinstance(open_signed(wire).payload, UsageReceipt)
         try:
-            with trio.fail_after(DELIVERY_TIMEOUT_S):
+            with trio.fail_after(self.timings.delivery_timeout_s):
                 answer = await request(self.market.net, peer, JOB, wire)
             read_control(answer)  # raises PeerRefused for an error answer
             if is_receipt:
@@ -403,13 +395,14 @@ class Provider:
             return False
 
     def _settle(self, item_id: int, countersigned: bytes) -> None:
-        entry = self.trader.receive_countersigned(countersigned)
+        entry = self.selling.receive_countersigned(countersigned)
         receipt = self.db.receipt(entry.agreement_id)
         assert receipt is not None  # saved when it was queued
         with self.db.atomic():
-            self.db.settle(entry, receipt[0], countersigned, now_ms())
+            self.db.settle(entry, receipt[0], countersigned, self.market.now_ms())
             self.db.set_agreement_state(entry.agreement_id, JobState.SETTLED.value)
             self.db.delivered(item_id)
+        self.market.touch()
 
     # -- restart -----------------------------------------------------------------------
 
@@ -420,14 +413,10 @@ class Provider:
             if row.role != "provider" or state in (JobState.SETTLED, JobState.ERROR):
                 continue
             agreement = Agreement.from_wire(row.wire)
-            self.trader.resume(agreement, state)
+            self.selling.resume(agreement, state)
             if state in (JobState.AGREED, JobState.TRANSFERRING, JobState.RUNNING):
                 started = " after its container started" if row.started_ms else ""
                 self._fault(agreement, f"interrupted by a provider restart{started}")
-
-
-def _price(running: _Running) -> int:
-    return running.agreement.terms.prices.cpu_core_hour
 
 
 def _for_peer(

@@ -1,15 +1,26 @@
-"""A user's job request (the control API's ``POST /v1/jobs`` body) and the bid made from it.
+"""A user's job request and the bid made from it.
 
-:func:`resolve` checks a request and brings what it names into the node's store: an image
-given as a path is imported, input files are stored; afterwards the request names only
-digests and can be stored with the job and turned into the same bid again after a fault
-(:func:`bid_from_request`). Errors are :class:`RequestError` with a message for the user.
+:class:`JobRequest` is the one typed form of "run this for me": the control API parses its
+``POST /v1/jobs`` body into it (:func:`parse_request`), ``cx run`` builds one from its flags
+with the same validation, and the buyer stores it with the job. Past the edge nobody handles
+a dict: a request is checked once, when it is made.
+
+:func:`resolve` brings what a request names into the node's store (an image given as a
+path is imported, input files are stored), after which it names only digests and can be
+turned into the same bid again after a fault (:func:`bid_from_request`). Errors are
+:class:`RequestError`, one line naming the field and what to do.
 """
 
 from __future__ import annotations
 
+import json
+import re
 from pathlib import Path
-from typing import Any
+from typing import Annotated
+
+import pydantic
+import pydantic_core
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
 from node.storage.image import ImageError, import_image
 from node.storage.store import BlobStore
@@ -26,101 +37,242 @@ from protocol.messages import (
     TrustRequirement,
 )
 
-__all__ = ["DEFAULTS", "REQUIRED", "RequestError", "bid_from_request", "resolve"]
+__all__ = [
+    "Input",
+    "JobRequest",
+    "MaxPrices",
+    "RequestError",
+    "bid_from_request",
+    "build_request",
+    "parse_request",
+    "resolve",
+]
 
-REQUIRED = ("image", "command", "max_prices")
-DEFAULTS: dict[str, Any] = {  # the control API fills these in too
-    "env": {},
-    "cpu_milli": 1000,
-    "memory_bytes": 256 << 20,
-    "disk_bytes": 0,
-    "gpus": 0,
-    "wall_ms": 3_600_000,
-    "arch": None,
-    "regions": [],
-    "trust": "none",
-    "inputs": [],
-    "preemptible": False,
-    "checkpoint_path": None,
-    "name": None,
-}
+_INT_MAX = 2**63 - 1  # what every integer field of a message can hold
+_DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 
 class RequestError(ValueError):
-    """The request cannot become a bid; the message says which field and why."""
+    """The request cannot become a bid; the message says which field and why. ``code`` is
+    ``bad-json`` when the text is not JSON at all, else ``bad-request``."""
+
+    def __init__(self, message: str, code: str = "bad-request") -> None:
+        super().__init__(message)
+        self.code = code
 
 
-def resolve(request: dict[str, Any], store: BlobStore) -> dict[str, Any]:
-    """A checked copy of ``request`` that names only digests (imports what it must)."""
-    out = {**DEFAULTS, **request}
-    unknown = set(out) - set(DEFAULTS) - set(REQUIRED)
-    if unknown:
-        raise RequestError(f"unknown request fields: {', '.join(sorted(unknown))}")
-    for name in REQUIRED:
-        if name not in request:
-            raise RequestError(f"the request needs {name!r}")
-    image = str(out["image"])
+def _utf8(text: str) -> str:
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        raise ValueError("is not valid text (it holds a lone surrogate)") from None
+    return text
+
+
+def _absolute(text: str) -> str:
+    if not text.startswith("/") or "\x00" in text:
+        raise ValueError(f"must be an absolute path, not {text!r}")
+    return text
+
+
+def _image(text: str) -> str:
+    if not (_DIGEST.fullmatch(text) or text.startswith("/")):
+        raise ValueError("must be a manifest digest sha256:<64 hex> or an absolute path")
+    return text
+
+
+Text = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
+AbsPath = Annotated[Text, AfterValidator(_absolute)]
+Digest = Annotated[str, Field(pattern=_DIGEST.pattern)]
+Count = Annotated[int, Field(ge=0, le=_INT_MAX)]
+Positive = Annotated[int, Field(ge=1, le=_INT_MAX)]
+
+
+class _Frozen(BaseModel):
+    model_config = ConfigDict(frozen=True, extra="forbid", strict=True)
+
+
+class MaxPrices(_Frozen):
+    """The most the buyer pays per unit, in micro-credits (see protocol.messages.Prices)."""
+
+    cpu_core_hour: Count
+    memory_gib_hour: Count = 0
+    disk_gib_hour: Count = 0
+    gpu_hour: Count = 0
+
+
+class Input(_Frozen):
+    """Content readable at ``path`` in the job: a local ``file`` on the node's machine
+    (stored when the request is resolved), or a blob in the node's store (``digest`` and
+    ``size``)."""
+
+    path: AbsPath
+    file: AbsPath | None = None
+    digest: Digest | None = None
+    size: Count | None = None
+
+    @model_validator(mode="after")
+    def _one_source(self) -> Input:
+        if (self.file is None) == (self.digest is None) or (self.digest is None) != (
+            self.size is None
+        ):
+            raise ValueError("give either file, or digest and size")
+        return self
+
+
+class JobRequest(_Frozen):
+    """What to run, with what, for how much, and where it may run."""
+
+    image: Annotated[Text, AfterValidator(_image)]  # a digest in the store, or an OCI path
+    command: tuple[Text, ...] = Field(min_length=1)
+    max_prices: MaxPrices
+    env: dict[Annotated[Text, Field(pattern=r"^[^=]+$")], Annotated[str, AfterValidator(_utf8)]] = (
+        Field(default_factory=dict)
+    )
+    cpu_milli: Positive = 1000
+    memory_bytes: Positive = 256 << 20
+    disk_bytes: Count = 0
+    gpus: Count = 0
+    wall_ms: Positive = 3_600_000
+    arch: Arch | None = None
+    regions: tuple[Text, ...] = ()
+    trust: TrustLevel = TrustLevel.NONE
+    inputs: tuple[Input, ...] = ()
+    preemptible: bool = False
+    checkpoint_path: AbsPath | None = None
+    name: Text | None = None
+
+    def to_json(self) -> str:
+        return self.model_dump_json(exclude_none=True)
+
+
+def parse_request(data: bytes | str) -> JobRequest:
+    """Parse a job request from JSON (the API's body, the database's row).
+
+    Raises:
+        RequestError: naming the first field that is wrong.
+    """
+    try:
+        pydantic_core.from_json(data, allow_inf_nan=False)  # RFC 8259: no NaN or Infinity
+    except ValueError as exc:
+        raise RequestError(f"the request is not JSON: {exc}", "bad-json") from None
+    try:
+        return JobRequest.model_validate_json(data)
+    except pydantic.ValidationError as exc:
+        raise _refusal(exc) from None
+
+
+def build_request(**fields: object) -> JobRequest:
+    """A job request from Python values (``cx run``'s flags, an embedding program), checked
+    exactly as :func:`parse_request` checks JSON.
+
+    Raises:
+        RequestError: naming the first field that is wrong.
+    """
+    try:
+        return JobRequest.model_validate_json(json.dumps(fields, default=_plain))
+    except pydantic.ValidationError as exc:
+        raise _refusal(exc) from None
+
+
+def _plain(value: object) -> object:
+    if isinstance(value, BaseModel):
+        return value.model_dump(mode="json")
+    if isinstance(value, tuple | frozenset):
+        return list(value)
+    raise TypeError(f"{type(value).__name__} is not part of a job request")
+
+
+def _refusal(exc: pydantic.ValidationError) -> RequestError:
+    """The first error, as one line that names the field: ``inputs[0].path: ...``."""
+    error = exc.errors(include_url=False, include_input=False)[0]
+    where = "".join(f"[{p}]" if isinstance(p, int) else f".{p}" for p in error["loc"])
+    where = where.lstrip(".") or "the request"
+    message = str(error["msg"]).removeprefix("Value error, ")
+    kind = error["type"]
+    if kind == "missing":
+        return RequestError(f"the request needs {where!r}")
+    if kind == "extra_forbidden":
+        return RequestError(f"unknown field {where!r}")
+    if kind == "model_type" and where == "the request":
+        return RequestError("the job request must be a JSON object")
+    return RequestError(f"{where}: {message[0].lower()}{message[1:]}")
+
+
+def resolve(request: JobRequest, store: BlobStore) -> JobRequest:
+    """The same request naming only digests: a path image is imported, input files stored.
+
+    Raises:
+        RequestError: an image or input that cannot be found or read.
+    """
+    image = request.image
     if not image.startswith("sha256:"):
         try:
             image = import_image(store, Path(image)).manifest
         except ImageError as exc:
-            raise RequestError(f"image {out['image']}: {exc}") from exc
+            raise RequestError(f"image {request.image}: {exc}") from exc
     elif not store.has(image):
         raise RequestError(f"image {image} is not in this node's store; `cx image import` it")
-    out["image"] = image
-    out["inputs"] = [_input(item, store) for item in out["inputs"]]
-    bid_from_request(out)  # every other field is checked by building the bid once
-    return out
+    inputs = tuple(_stored(item, store) for item in request.inputs)
+    resolved = request.model_copy(update={"image": image, "inputs": inputs})
+    bid_from_request(resolved)  # the bid must be one a provider can take
+    return resolved
 
 
-def _input(item: dict[str, Any], store: BlobStore) -> dict[str, Any]:
-    path = item.get("path")
-    if "file" in item:
-        local = Path(item["file"])
-        if not local.is_file():
-            raise RequestError(f"input file {local} does not exist")
-        digest = store.put_file(local)
-        return {"path": path, "digest": digest, "size": store.size(digest)}
-    if not store.has(str(item.get("digest"))):
-        raise RequestError(f"input {path}: blob {item.get('digest')} is not in this node's store")
-    return {"path": path, "digest": item["digest"], "size": int(item["size"])}
+def _stored(item: Input, store: BlobStore) -> Input:
+    if item.file is None:
+        if item.digest is None or not store.has(item.digest):
+            raise RequestError(f"input {item.path}: blob {item.digest} is not in this node's store")
+        return item
+    local = Path(item.file)
+    if not local.is_file():
+        raise RequestError(f"input file {local} does not exist")
+    digest = store.put_file(local)
+    return Input(path=item.path, digest=digest, size=store.size(digest))
 
 
-def bid_from_request(request: dict[str, Any]) -> Bid:
-    """The bid for a resolved request. Raises RequestError naming the bad field."""
+def bid_from_request(request: JobRequest) -> Bid:
+    """The bid for a resolved request (every input a blob).
+
+    Raises:
+        RequestError: the request still names a path, or breaks a rule of the bid.
+    """
+    inputs = []
+    for item in request.inputs:
+        if item.digest is None or item.size is None:
+            raise RequestError(f"input {item.path} is not resolved to a blob yet")
+        inputs.append(DataRef(digest=item.digest, path=item.path, size=item.size))
+    prices = request.max_prices
     try:
-        prices = request["max_prices"]
-        checkpoint = request.get("checkpoint_path")
         return Bid(
             job=JobSpec(
-                image=request["image"],
-                command=tuple(str(c) for c in request["command"]),
-                env={str(k): str(v) for k, v in request.get("env", {}).items()},
-                inputs=tuple(
-                    DataRef(digest=i["digest"], path=i["path"], size=int(i["size"]))
-                    for i in request.get("inputs", [])
-                ),
-                wall_ms=int(request.get("wall_ms", DEFAULTS["wall_ms"])),
+                image=request.image,
+                command=request.command,
+                env=dict(request.env),
+                inputs=tuple(inputs),
+                wall_ms=request.wall_ms,
             ),
             resources=Resources(
-                cpu_milli=int(request.get("cpu_milli", DEFAULTS["cpu_milli"])),
-                memory_bytes=int(request.get("memory_bytes", DEFAULTS["memory_bytes"])),
-                disk_bytes=int(request.get("disk_bytes", 0)),
-                gpus=int(request.get("gpus", 0)),
+                cpu_milli=request.cpu_milli,
+                memory_bytes=request.memory_bytes,
+                disk_bytes=request.disk_bytes,
+                gpus=request.gpus,
             ),
             max_prices=Prices(
-                cpu_core_hour=int(prices["cpu_core_hour"]),
-                memory_gib_hour=int(prices.get("memory_gib_hour", 0)),
-                disk_gib_hour=int(prices.get("disk_gib_hour", 0)),
-                gpu_hour=int(prices.get("gpu_hour", 0)),
+                cpu_core_hour=prices.cpu_core_hour,
+                memory_gib_hour=prices.memory_gib_hour,
+                disk_gib_hour=prices.disk_gib_hour,
+                gpu_hour=prices.gpu_hour,
             ),
             constraints=Constraints(
-                arch=Arch(request["arch"]) if request.get("arch") else None,
-                regions=tuple(request.get("regions", ())),
-                trust=TrustRequirement(level=TrustLevel(request.get("trust", "none"))),
+                arch=request.arch,
+                regions=request.regions,
+                trust=TrustRequirement(level=request.trust),
             ),
-            preemptible=bool(request.get("preemptible", False)),
-            checkpoint=Checkpoint(path=checkpoint) if checkpoint else None,
+            preemptible=request.preemptible,
+            checkpoint=(
+                Checkpoint(path=request.checkpoint_path) if request.checkpoint_path else None
+            ),
         )
-    except (KeyError, TypeError, ValueError) as exc:
+    except ValueError as exc:
         raise RequestError(f"bad job request: {exc}") from exc

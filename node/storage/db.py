@@ -71,7 +71,7 @@ class JobRow:
 
     id: str
     name: str | None
-    request: dict[str, Any]
+    request: str  # the job request as JSON (node.market.request parses it)
     state: str
     created_ms: int
     updated_ms: int
@@ -90,7 +90,7 @@ class JobRow:
     prices: dict[str, int] | None = None
 
 
-_JSON_FIELDS = frozenset({"request", "outputs", "logs", "prices"})
+_JSON_FIELDS = frozenset({"outputs", "logs", "prices"})
 
 
 @dataclass(frozen=True, slots=True)

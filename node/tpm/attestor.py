@@ -6,7 +6,7 @@ Rules:
   under one trio.Lock per :class:`TpmAttestor`. A call in flight finishes even if its
   caller is cancelled (a TPM command is never cut in half).
 - The exchange's checks are ``attest.enrolment``'s; this module moves their bytes, draws
-  the randomness (``os.urandom``), reads the clock and bounds the waits.
+  the randomness and reads the clock it is given, and bounds the waits.
 - Stream protocol ``/cx/enrol/1``, one enrolment per stream, each frame one signed message:
   the buyer sends an empty request frame; the provider sends its Enrolment; the buyer an
   ActivationChallenge; the provider an ActivationAnswer; both close. A provider that
@@ -24,7 +24,6 @@ Errors of :func:`enrol`::
 from __future__ import annotations
 
 import logging
-import os
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from typing import Protocol, TypeVar
 
@@ -43,7 +42,7 @@ from attest.enrolment import (
 )
 from attest.errors import AttestUsageError, EvidenceError, ProducerError, Reason
 from attest.producers.tpm import TpmProducer
-from node.clock import new_nonce, now_ms
+from node.clock import Entropy, nonce, system_entropy
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -242,15 +241,16 @@ def serve_enrolment(
     attestor: Attestor,
     key: PrivateKey,
     *,
+    clock: Callable[[], int],
+    entropy: Entropy = system_entropy,
     policy: AdmissionPolicy = DEFAULT_POLICY,
-    clock: Callable[[], int] = now_ms,
     timeout_s: float = 30.0,
 ) -> None:
     """Answer enrolment requests on ``net`` (``/cx/enrol/1``) with ``attestor``'s TPM.
 
     ``key`` is this node's key: the Enrolment and the answer are signed with it, and buyers
-    refuse them under any other. A request or challenge that breaks a rule, or that the TPM
-    refuses, is logged and its stream closed.
+    refuse them under any other; ``clock`` gives the protocol time (ms). A request or
+    challenge that breaks a rule, or that the TPM refuses, is logged and its stream closed.
     """
     guard = ReplayGuard()
 
@@ -259,7 +259,7 @@ def serve_enrolment(
         peer = stream.remote_peer
         with trio.move_on_after(timeout_s) as scope:
             try:
-                await _provide(framed, attestor, key, guard, policy, clock)
+                await _provide(framed, attestor, key, guard, policy, clock, entropy)
             except (RemoteProtocolError, NetworkError, ProducerError) as exc:
                 log.warning("enrolment for %s ended: %s", peer, exc)
         if scope.cancelled_caught:
@@ -275,13 +275,14 @@ async def _provide(
     guard: ReplayGuard,
     policy: AdmissionPolicy,
     clock: Callable[[], int],
+    entropy: Entropy,
 ) -> None:
     buyer = PublicKey.from_peer_id(framed.stream.remote_peer)
     request = await framed.receive_frame()
     if request != b"":
         log.info("enrolment request from %s is not one empty frame; closing", buyer.peer_id)
         return
-    enrolment = await attestor.enrolment(key, nonce=new_nonce(), now_ms=clock())
+    enrolment = await attestor.enrolment(key, nonce=nonce(entropy), now_ms=clock())
     await framed.send_frame(enrolment.wire)
     wire = await framed.receive_frame()
     if wire is None:
@@ -289,7 +290,7 @@ async def _provide(
     challenge = open_challenge(
         wire, enrolment=enrolment, buyer=buyer, now_ms=clock(), guard=guard, policy=policy
     )
-    answer = await attestor.answer(key, challenge, nonce=new_nonce(), now_ms=clock())
+    answer = await attestor.answer(key, challenge, nonce=nonce(entropy), now_ms=clock())
     await framed.send_frame(answer.wire)
 
 
@@ -359,6 +360,7 @@ async def enrol(
     guard: ReplayGuard | None = None,
     policy: AdmissionPolicy = DEFAULT_POLICY,
     timeout_s: float = 30.0,
+    entropy: Entropy = system_entropy,
 ) -> bytes:
     """Run credential activation with ``peer``; return the AK Name now in ``trust``.
 
@@ -389,9 +391,9 @@ async def enrol(
                     roots=trust.roots,
                     intermediates=trust.intermediates,
                     now_ms=now_ms,
-                    secret=os.urandom(SECRET_SIZE),
-                    entropy=os.urandom(_ENTROPY_SIZE),
-                    nonce=new_nonce(),
+                    secret=entropy(SECRET_SIZE),
+                    entropy=entropy(_ENTROPY_SIZE),
+                    nonce=nonce(entropy),
                 )
                 await framed.send_frame(pending.message.wire)
                 wire = await _expect(framed, "an answer to the activation challenge")

@@ -8,6 +8,7 @@ from pathlib import Path
 import trio
 
 from node.api.server import ApiError
+from node.market.request import JobRequest
 
 TOKEN = "test-token-0123456789"
 PEER_A = "12D3KooWProviderAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
@@ -88,13 +89,13 @@ class FakeController:
             {"peer_id": "12D3KooWOther", "score": -3},
         ]
 
-    async def submit(self, request: dict) -> dict:
+    async def submit(self, request: JobRequest) -> dict:
         self.submitted.append(request)
         job_id = f"{self._next_id:x}"
         self._next_id += 1
         created_ms = NOW_MS + 60_000 * len(self.submitted)  # newer than the canned jobs
         self.add_job(
-            job_id, name=request["name"], stdout="hello from the job\n", created_ms=created_ms
+            job_id, name=request.name, stdout="hello from the job\n", created_ms=created_ms
         )
         self.scripts[job_id], self.script = self.script, []
         return self.views[job_id]

@@ -13,13 +13,12 @@ from api_support import NOW_MS, TOKEN, FakeController
 
 from node.api.server import (
     MAX_WAIT_S,
-    ApiError,
-    check_submit,
     clear_api_info,
     read_api_info,
     serve_api,
     write_api_info,
 )
+from node.market.request import Input, MaxPrices, RequestError, parse_request
 
 DIGEST = "sha256:" + "ab" * 32
 SUBMIT = {"image": DIGEST, "command": ["echo", "hi"], "max_prices": {"cpu_core_hour": 2_000_000}}
@@ -156,24 +155,22 @@ async def test_submit_validates_and_fills_defaults(server):
     status, job = await server.request("POST", "/v1/jobs", {**SUBMIT, "name": "n1"})
     assert (status, job["name"], job["state"]) == (201, "n1", "waiting")
     (seen,) = server.fake.submitted
-    assert seen == check_submit({**SUBMIT, "name": "n1"})
-    assert seen["cpu_milli"] == 1000
-    assert seen["max_prices"] == {
-        "cpu_core_hour": 2_000_000,
-        "memory_gib_hour": 0,
-        "disk_gib_hour": 0,
-        "gpu_hour": 0,
-    }
+    assert seen == parse_request(json.dumps({**SUBMIT, "name": "n1"}))
+    assert seen.cpu_milli == 1000
+    assert seen.max_prices == MaxPrices(cpu_core_hour=2_000_000)
     for bad, field in [
         ({**SUBMIT, "command": []}, "command"),
         ({**SUBMIT, "image": "busybox"}, "image"),
         ({**SUBMIT, "cpu_milli": True}, "cpu_milli"),
+        ({**SUBMIT, "cpu_milli": "2"}, "cpu_milli"),
         ({**SUBMIT, "memory_bytes": -1}, "memory_bytes"),
         ({**SUBMIT, "trust": "sgx"}, "trust"),
         ({**SUBMIT, "colour": "red"}, "colour"),
         ({**SUBMIT, "inputs": [{"path": "in/x", "file": "/tmp/x"}]}, "inputs[0].path"),
         ({**SUBMIT, "inputs": [{"path": "/in/x", "digest": "md5:1", "size": 1}]}, "digest"),
+        ({**SUBMIT, "inputs": [{"path": "/in/x"}]}, "inputs[0]"),
         ({**SUBMIT, "max_prices": {"memory_gib_hour": 1}}, "cpu_core_hour"),
+        ({**SUBMIT, "env": {"A=B": "1"}}, "env"),
         ({"image": DIGEST}, "command"),
         ([SUBMIT], "object"),
     ]:
@@ -302,7 +299,7 @@ def test_api_info_round_trip(tmp_path):
         read_api_info(home)
 
 
-def test_check_submit_passes_a_complete_request_through():
+def test_a_complete_request_round_trips_through_json():
     full = {
         **SUBMIT,
         "env": {"A": "1"},
@@ -328,10 +325,12 @@ def test_check_submit_passes_a_complete_request_through():
         "checkpoint_path": "/ckpt",
         "name": "x",
     }
-    assert check_submit(full) == full
-    with pytest.raises(ApiError) as err:
-        check_submit({**full, "env": {"A=B": "1"}})
-    assert (err.value.status, err.value.code) == (400, "bad-request")
+    request = parse_request(json.dumps(full))
+    assert request.inputs[1] == Input(path="/in/b", digest=DIGEST, size=7)
+    assert json.loads(request.to_json()) == full
+    assert parse_request(request.to_json()) == request
+    with pytest.raises(RequestError, match="env"):
+        parse_request(json.dumps({**full, "env": {"A=B": "1"}}))
 
 
 async def test_expect_100_continue_is_answered(server):

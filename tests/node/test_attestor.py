@@ -162,7 +162,7 @@ async def test_enrolment_makes_the_providers_quotes_verifiable(attestor, root):
     assert before.value.reason == Reason.UNTRUSTED_KEY
 
     async with memory_nodes() as (provider, buyer):
-        serve_enrolment(provider, attestor, PROVIDER)
+        serve_enrolment(provider, attestor, PROVIDER, clock=now_ms)
         name = await enrol_provider(buyer, trust)
         assert trust.trusted(PROVIDER.public_key.raw) == {name}
         assert added == [(PROVIDER.public_key.raw, name)]
@@ -184,7 +184,7 @@ async def test_enrolment_over_libp2p(attestor, root):
     async with trio.open_nursery() as nursery:
         provider = await nursery.start(serve_network, PROVIDER)
         buyer = await nursery.start(serve_network, BUYER)
-        serve_enrolment(provider, attestor, PROVIDER)
+        serve_enrolment(provider, attestor, PROVIDER, clock=now_ms)
         with trio.fail_after(BOUND):
             await buyer.connect(provider.listen_addrs[0])
         name = await enrol_provider(buyer, trust)
@@ -195,7 +195,7 @@ async def test_enrolment_over_libp2p(attestor, root):
 async def test_concurrent_quotes_take_turns_on_the_tpm(attestor, root):
     trust = AkTrust([root])
     async with memory_nodes() as (provider, buyer):
-        serve_enrolment(provider, attestor, PROVIDER)
+        serve_enrolment(provider, attestor, PROVIDER, clock=now_ms)
         await enrol_provider(buyer, trust)
     results: list[Evidence] = []
 
@@ -216,7 +216,7 @@ async def test_concurrent_quotes_take_turns_on_the_tpm(attestor, root):
 async def test_buyer_with_other_roots_refuses_the_ek_certificate(attestor, other_ca_root):
     trust = AkTrust([other_ca_root])
     async with memory_nodes() as (provider, buyer):
-        serve_enrolment(provider, attestor, PROVIDER)
+        serve_enrolment(provider, attestor, PROVIDER, clock=now_ms)
         with pytest.raises(EnrolmentRefused) as info:
             await enrol_provider(buyer, trust)
     assert info.value.reason == Reason.UNTRUSTED_CHAIN
@@ -244,7 +244,7 @@ class WrongSecret:
 async def test_wrong_secret_is_refused(attestor, root):
     trust = AkTrust([root])
     async with memory_nodes() as (provider, buyer):
-        serve_enrolment(provider, WrongSecret(attestor), PROVIDER)
+        serve_enrolment(provider, WrongSecret(attestor), PROVIDER, clock=now_ms)
         with pytest.raises(EnrolmentRefused) as info:
             await enrol_provider(buyer, trust)
     assert info.value.reason == Reason.ACTIVATION_FAILED
@@ -254,7 +254,7 @@ async def test_wrong_secret_is_refused(attestor, root):
 async def test_enrolment_signed_by_another_key_is_refused(attestor, root):
     trust = AkTrust([root])
     async with memory_nodes() as (provider, buyer):
-        serve_enrolment(provider, attestor, IMPOSTOR)  # not the provider's peer key
+        serve_enrolment(provider, attestor, IMPOSTOR, clock=now_ms)  # not the provider's peer key
         with pytest.raises(EnrolmentRefused) as info:
             await enrol_provider(buyer, trust)
     assert info.value.reason == ProtocolReason.WRONG_PARTY
@@ -271,7 +271,7 @@ async def test_provider_without_a_tpm_is_unavailable(root):
 
 async def test_provider_ignores_a_malformed_request(attestor):
     async with memory_nodes() as (provider, buyer):
-        serve_enrolment(provider, attestor, PROVIDER)
+        serve_enrolment(provider, attestor, PROVIDER, clock=now_ms)
         with trio.fail_after(BOUND):
             framed = FramedStream(await buyer.open_stream(provider.peer_id, ENROL_PROTOCOL))
             await framed.send_frame(b"not empty")

@@ -18,6 +18,7 @@ from node.api.client import ApiClient, NodeNotRunning
 from node.api.server import ApiError, serve_api, write_api_info
 from node.cli import main
 from node.cli.common import credits, parse_credits, table
+from node.market.request import build_request
 
 DIGEST = "sha256:" + "cd" * 32
 
@@ -170,34 +171,36 @@ async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path
     assert (code, err) == (0, "")
     (request,) = fake.submitted
     assert out == f"{fake.jobs()[0]['id']}\n"
-    assert request == {
-        "image": DIGEST,
-        "command": ["sh", "-c", "wc -l /in/data.csv"],
-        "env": {"A": "1", "B": "x=y"},
-        "cpu_milli": 500,
-        "memory_bytes": 128 << 20,
-        "disk_bytes": 1 << 30,
-        "gpus": 0,
-        "wall_ms": 600_000,
-        "max_prices": {
-            "cpu_core_hour": 1_500_000,
-            "memory_gib_hour": 250_000,
-            "disk_gib_hour": 1_500_000,
-            "gpu_hour": 0,
-        },
-        "arch": "arm64",
-        "regions": ["eu", "us"],
-        "trust": "tpm",
-        "inputs": [{"path": "/in/data.csv", "file": str(data)}],
-        "preemptible": True,
-        "checkpoint_path": "/ckpt",
-        "name": "nightly",
-    }
+    assert request == build_request(
+        **{
+            "image": DIGEST,
+            "command": ["sh", "-c", "wc -l /in/data.csv"],
+            "env": {"A": "1", "B": "x=y"},
+            "cpu_milli": 500,
+            "memory_bytes": 128 << 20,
+            "disk_bytes": 1 << 30,
+            "gpus": 0,
+            "wall_ms": 600_000,
+            "max_prices": {
+                "cpu_core_hour": 1_500_000,
+                "memory_gib_hour": 250_000,
+                "disk_gib_hour": 1_500_000,
+                "gpu_hour": 0,
+            },
+            "arch": "arm64",
+            "regions": ["eu", "us"],
+            "trust": "tpm",
+            "inputs": [{"path": "/in/data.csv", "file": str(data)}],
+            "preemptible": True,
+            "checkpoint_path": "/ckpt",
+            "name": "nightly",
+        }
+    )
     # An OCI layout given as a relative path travels as an absolute one.
     (tmp_path / "layout").mkdir()
     code, _, _ = await cx("run", "-d", "--max-price", "1", str(tmp_path / "layout"), "true")
     assert code == 0
-    assert fake.submitted[1]["image"] == str(tmp_path / "layout")
+    assert fake.submitted[1].image == str(tmp_path / "layout")
 
 
 async def test_run_follows_the_job_to_success_and_prints_its_stdout(node, cx, tmp_path):

@@ -3,33 +3,46 @@
 Every node is a real ``serve_peer`` on its own home (SQLite, store, executor running crun
 or runc); only the network is node/net/memnet.py, so a node can be stopped as abruptly as a
 crash (its task tree is cancelled and it leaves the hub) and restarted on the same home.
-No sleeps to synchronise: tests wait for a job's state with ``Peer.wait`` or poll what a
-node can be seen to hold (its database, its book), each bounded by ``trio.fail_after``.
+No sleeps and no polls: tests wait for what a node can be seen to hold (a job's state, its
+book, its ledger) by waking on the node's change events, each wait bounded by
+``trio.fail_after``. Timings a test needs shorter (heartbeats, retries) are passed to the
+node as a :class:`~node.clock.Timings`. The helpers (tests/node/market_support.py) answer
+with the control API's JSON views, which is what a user of the node sees.
 """
 
 from __future__ import annotations
 
-import contextlib
-import functools
-import shutil
-from collections.abc import AsyncIterator, Callable, Iterator
-from dataclasses import dataclass
+import os
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 import pytest
 import trio
 import trio.testing
-from executor_support import searchable_dir
+from market_support import (
+    BOUND,
+    MEM_PRICE,
+    PRICE,
+    MiB,
+    Node,
+    cluster,
+    events,
+    finished,
+    job,
+    ledger,
+    market,
+    same_entry,
+    state,
+    submit,
+    until,
+)
 
-from node.api.server import ApiError
-from node.clock import new_nonce, now_ms
-from node.net.memnet import MemoryHub, serve_memory_network
+from node.api import views
+from node.clock import Timings
+from node.net.memnet import serve_memory_network
 from node.net.wire import OFFERS_TOPIC
-from node.peer import Peer, serve_peer
-from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
-from node.storage.image import busybox_entries, import_image, write_layout
-from node.storage.store import BlobStore
+from node.peer import Conflict
 from protocol.envelope import Signed, domain_of, open_signed, seal
 from protocol.errors import Reason
 from protocol.identity import PrivateKey
@@ -37,154 +50,6 @@ from protocol.messages import Arch, ExitReason, Offer, Prices, Resources
 from protocol.negotiation import Agreement
 
 pytestmark = pytest.mark.integration
-
-BOUND = 30  # seconds: generous for a loaded CI machine, never a timing assertion
-MiB = 1 << 20
-PRICE = 90_000_000  # micro-credits per core-hour, the usual provider's
-MEM_PRICE = 9_000_000
-
-
-@pytest.fixture(scope="module")
-def image_layout() -> Iterator[Path]:
-    """A busybox OCI layout, imported into each buyer's store by :meth:`Cluster.buyer`."""
-    root = searchable_dir("cx-market-image-")
-    write_layout(root / "layout", [busybox_entries()])
-    yield root / "layout"
-    shutil.rmtree(root, ignore_errors=True)
-
-
-@dataclass
-class Node:
-    name: str
-    home: Home
-    peer: Peer
-    scope: trio.CancelScope
-    gone: trio.Event
-
-    @property
-    def addr(self) -> str:
-        return self.peer.net.listen_addrs[0]
-
-    @property
-    def peer_id(self) -> str:
-        return self.peer.net.peer_id
-
-    async def stop(self) -> None:
-        """Stop the node abruptly, as a crash would: its tasks are cancelled mid-step."""
-        self.scope.cancel()
-        with trio.fail_after(BOUND):
-            await self.gone.wait()
-
-
-class Cluster:
-    def __init__(self, nursery: trio.Nursery, root: Path, image_layout: Path) -> None:
-        self.nursery = nursery
-        self.root = root
-        self.hub = MemoryHub()
-        self.image_layout = image_layout
-        self.image = ""
-
-    def home(self, name: str, *, price: int | None = None, cpu_milli: int = 2000) -> Home:
-        provider = None
-        if price is not None:
-            provider = ProviderConfig(
-                capacity=Resources(
-                    cpu_milli=cpu_milli, memory_bytes=1024 * MiB, disk_bytes=1024 * MiB
-                ),
-                prices=Prices(cpu_core_hour=price, memory_gib_hour=MEM_PRICE),
-                arch=Arch.AMD64,
-            )
-        return init_home(self.root / name, NodeConfig(provider=provider))
-
-    async def start(self, home: Home) -> Node:
-        """Run ``serve_peer`` on ``home`` with its own memory peer; returns once it serves."""
-        gone = trio.Event()
-
-        async def run(task_status: Any) -> None:
-            try:
-                with trio.CancelScope() as scope:
-                    async with trio.open_nursery() as inner:
-                        net = await inner.start(serve_memory_network, self.hub, home.key().peer_id)
-                        peer = await inner.start(
-                            functools.partial(serve_peer, home, network=net, api=False)
-                        )
-                        task_status.started((peer, scope))
-            finally:
-                gone.set()
-
-        peer, scope = await self.nursery.start(run)
-        return Node(home.root.name, home, peer, scope, gone)
-
-    async def provider(self, name: str, price: int = PRICE, **kw: Any) -> Node:
-        return await self.start(self.home(name, price=price, **kw))
-
-    async def buyer(self, name: str) -> Node:
-        home = self.home(name)
-        self.image = import_image(BlobStore(home.store_root), self.image_layout).manifest
-        return await self.start(home)
-
-
-@contextlib.asynccontextmanager
-async def cluster(image_layout: Path) -> AsyncIterator[Cluster]:
-    root = searchable_dir("cx-market-")
-    try:
-        async with trio.open_nursery() as nursery:
-            yield Cluster(nursery, root, image_layout)
-            nursery.cancel_scope.cancel()
-    finally:
-        shutil.rmtree(root, ignore_errors=True)
-
-
-def job_request(
-    image: str, script: str, *, price: int = 100_000_000, **fields: Any
-) -> dict[str, Any]:
-    return {
-        "image": image,
-        "command": ["sh", "-c", script],
-        "max_prices": {"cpu_core_hour": price, "memory_gib_hour": 10_000_000},
-        "cpu_milli": 500,
-        "memory_bytes": 64 * MiB,
-        "wall_ms": 60_000,
-        **fields,
-    }
-
-
-async def until(what: Callable[[], Any]) -> Any:
-    """Poll observable state (a database, a book) until ``what()`` is truthy; bounded.
-
-    For what no node signals: a provider settles, or a peer takes gossip, on its own time.
-    """
-    with trio.fail_after(BOUND):
-        while not (value := what()):  # noqa: ASYNC110 - no event to wait on; bounded poll
-            await trio.sleep(0.01)
-        return value
-
-
-async def state(node: Node, job_id: str, wanted: str) -> dict[str, Any]:
-    """Wait until the job has reached ``wanted`` (woken by the buyer on every state
-    change; its event log, so a state already left counts); returns the job as it is."""
-    with trio.fail_after(BOUND):
-        while wanted not in {e["state"] for e in node.peer.db.events(job_id)}:
-            await node.peer.buyer.changed.wait()
-        return node.peer.job(job_id)
-
-
-async def finished(node: Node, job_id: str) -> dict[str, Any]:
-    """Wait for the job to end; on timeout, fail with its events so far."""
-    try:
-        with trio.fail_after(BOUND):
-            return await node.peer.wait(job_id)
-    except trio.TooSlowError:
-        pytest.fail("job never ended:\n" + "\n".join(events(node, job_id)))
-
-
-def same_entry(entry: dict[str, Any]) -> dict[str, Any]:
-    """A ledger entry as both parties hold it (the role and settling time are local)."""
-    return {k: v for k, v in entry.items() if k not in ("role", "at_ms")}
-
-
-def events(node: Node, job_id: str) -> list[str]:
-    return [f"{e['state']}: {e['detail']}" for e in node.peer.db.events(job_id)]
 
 
 # -- discovery and the happy path --------------------------------------------------------
@@ -202,31 +67,33 @@ async def test_buyer_runs_a_job_on_a_provider_it_learned_of_through_a_third_node
         await provider.peer.join(hub.addr)
         await buyer.peer.join(hub.addr)
         # The hub's hello told the buyer where the provider is; the offer came by gossip.
-        assert provider.peer_id in {p["peer_id"] for p in buyer.peer.peers()}
+        assert provider.peer_id in buyer.peer.net.peers()
 
-        job = await buyer.peer.submit(
-            job_request(c.image, "echo hello > /out/greeting; echo to-stdout; echo oops >&2")
-        )
-        done = await finished(buyer, job["id"])
-        assert done["state"] == "succeeded", "\n".join(events(buyer, job["id"]))
+        job_id = (
+            await submit(
+                buyer, c.image, "echo hello > /out/greeting; echo to-stdout; echo oops >&2"
+            )
+        )["id"]
+        done = await finished(buyer, job_id)
+        assert done["state"] == "succeeded", "\n".join(events(buyer, job_id))
         assert done["provider"] == provider.peer_id
         assert done["exit_code"] == 0
 
-        written = await buyer.peer.outputs(job["id"], str(tmp_path / "out"))
-        assert [w["path"] for w in written] == ["/out/greeting"]
+        written = await buyer.peer.outputs(job_id, tmp_path / "out")
+        assert [w.path for w in written] == ["/out/greeting"]
         assert (tmp_path / "out" / "greeting").read_text() == "hello\n"
-        assert await buyer.peer.logs(job["id"]) == {"stdout": "to-stdout\n", "stderr": "oops\n"}
+        assert await buyer.peer.logs(job_id) == {"stdout": "to-stdout\n", "stderr": "oops\n"}
 
         # The provider settles when the countersigned receipt answers its delivery.
-        await until(lambda: provider.peer.ledger()["entries"])
-        bought, sold = buyer.peer.ledger(), provider.peer.ledger()
+        await until(lambda: ledger(provider)["entries"], provider)
+        bought, sold = ledger(buyer), ledger(provider)
         assert len(bought["entries"]) == 1
         assert [same_entry(e) for e in bought["entries"]] == [
             same_entry(e) for e in sold["entries"]
         ]
         assert bought["entries"][0]["amount"] == done["cost"] > 0
         assert bought["balance"] + sold["balance"] == 0
-        assert hub.peer.ledger() == {"balance": 0, "entries": []}
+        assert ledger(hub) == {"balance": 0, "entries": []}
 
 
 # -- choosing a provider -----------------------------------------------------------------
@@ -243,15 +110,15 @@ async def test_an_unreachable_cheapest_provider_is_passed_over_for_the_next(
         buyer = await c.buyer("buyer")
         await buyer.peer.join(cheap.addr)
         await buyer.peer.join(dear.addr)
-        await until(lambda: buyer.peer.market()["offers"] == 2)
+        await until(lambda: market(buyer)["offers"] == 2, buyer)
         await cheap.stop()  # gone without a word: its offer still rests in the buyer's book
 
-        job = await buyer.peer.submit(job_request(c.image, "echo ok"))
-        done = await finished(buyer, job["id"])
-        assert done["state"] == "succeeded", "\n".join(events(buyer, job["id"]))
+        job_id = (await submit(buyer, c.image, "echo ok"))["id"]
+        done = await finished(buyer, job_id)
+        assert done["state"] == "succeeded", "\n".join(events(buyer, job_id))
         assert done["provider"] == dear.peer_id
         assert done["price"]["cpu_core_hour"] == PRICE
-        log = events(buyer, job["id"])
+        log = events(buyer, job_id)
         tried = [e for e in log if e.startswith("negotiating: proposing to")]
         assert tried == [
             f"negotiating: proposing to {cheap.peer_id}",
@@ -272,17 +139,17 @@ async def test_a_provider_with_no_room_left_rejects_and_the_next_one_runs_the_jo
         for buyer in (first, second):
             await buyer.peer.join(cheap.addr)
             await buyer.peer.join(dear.addr)
-            await until(lambda b=buyer: b.peer.market()["offers"] == 2)  # type: ignore[misc]
+            await until(lambda b=buyer: market(b)["offers"] == 2, buyer)  # type: ignore[misc]
 
-        busy = await first.peer.submit(job_request(c.image, "sleep 30"))
+        busy = await submit(first, c.image, "sleep 30")
         assert (await state(first, busy["id"], "running"))["provider"] == cheap.peer_id
 
-        job = await second.peer.submit(job_request(c.image, "echo ok"))
-        done = await finished(second, job["id"])
-        assert done["state"] == "succeeded", "\n".join(events(second, job["id"]))
+        job_id = (await submit(second, c.image, "echo ok"))["id"]
+        done = await finished(second, job_id)
+        assert done["state"] == "succeeded", "\n".join(events(second, job_id))
         assert done["provider"] == dear.peer_id
         assert f"negotiating: {cheap.peer_id} rejected: no-capacity" in " | ".join(
-            events(second, job["id"])
+            events(second, job_id)
         )
 
 
@@ -299,96 +166,98 @@ async def test_a_standing_bid_waits_with_a_reason_then_matches_a_provider_that_j
         await buyer.peer.join(hub.addr)
 
         limit = 50_000_000
-        job = await buyer.peer.submit(job_request(c.image, "echo ok", price=limit))
-        assert job["state"] == "waiting"
-        why = buyer.peer.why(job["id"])
+        submitted = await submit(buyer, c.image, "echo ok", price=limit)
+        job_id = submitted["id"]
+        assert submitted["state"] == "waiting"
+        why = views.why(buyer.peer.why(job_id))
         assert why["state"] == "waiting"
         assert (why["offers_seen"], why["matching"]) == (1, 0)
         assert why["ruled_out"]["price"] == 1
         assert sum(why["ruled_out"].values()) == 1
         assert why["best_price"] > why["limit"]
-        assert "price ruled out 1" in why["explanation"]
+        assert why["explanation"] == (
+            "none of 1 offers fits (price rules out 1): CPU costs at least 90.00 credits per "
+            "core-hour, your limit is 50.00"
+        )
 
         cheap = await c.provider("cheap", price=40_000_000)
         await cheap.peer.join(hub.addr)
-        done = await finished(buyer, job["id"])
-        assert done["state"] == "succeeded", "\n".join(events(buyer, job["id"]))
+        done = await finished(buyer, job_id)
+        assert done["state"] == "succeeded", "\n".join(events(buyer, job_id))
         assert done["provider"] == cheap.peer_id
         # The bid rested and the offer came to it: the trade is at the bid's own limit.
         assert done["price"]["cpu_core_hour"] == limit
-        assert buyer.peer.why(job["id"])["explanation"].startswith("the job is succeeded")
+        assert buyer.peer.why(job_id).text.startswith("the job is succeeded")
 
 
 # -- faults and restarts -----------------------------------------------------------------
 
 
 def ledger_entries(node: Node) -> Callable[[], list[dict[str, Any]]]:
-    return lambda: node.peer.ledger()["entries"]
+    return lambda: ledger(node)["entries"]
 
 
 async def test_a_provider_that_vanishes_mid_job_is_paid_nothing_and_the_job_runs_elsewhere(
-    image_layout: Path, monkeypatch: pytest.MonkeyPatch
+    image_layout: Path,
 ) -> None:
     """Missed heartbeats make the provider at fault: the job is bid again and runs on
     another provider, and the vanished one is paid nothing, also when it comes back and
     reports the interrupted job."""
-    monkeypatch.setattr("node.market.buyer.HEARTBEAT_S", 0.1)
     async with cluster(image_layout) as c:
         cheap = await c.provider("cheap", price=80_000_000)
         dear = await c.provider("dear", price=PRICE)
-        buyer = await c.buyer("buyer")
+        buyer = await c.buyer("buyer", Timings(heartbeat_s=0.1))
         await buyer.peer.join(cheap.addr)
         await buyer.peer.join(dear.addr)
-        await until(lambda: buyer.peer.market()["offers"] == 2)
+        await until(lambda: market(buyer)["offers"] == 2, buyer)
 
-        job = await buyer.peer.submit(job_request(c.image, "sleep 2; echo done > /out/done"))
-        assert (await state(buyer, job["id"], "running"))["provider"] == cheap.peer_id
+        job_id = (await submit(buyer, c.image, "sleep 2; echo done > /out/done"))["id"]
+        assert (await state(buyer, job_id, "running"))["provider"] == cheap.peer_id
         await cheap.stop()
 
-        done = await finished(buyer, job["id"])
-        log = events(buyer, job["id"])
+        done = await finished(buyer, job_id)
+        log = events(buyer, job_id)
         assert done["state"] == "succeeded", "\n".join(log)
         assert done["provider"] == dear.peer_id
         assert done["attempts"] == 2
         assert f"provider-fault: {cheap.peer_id} stopped answering heartbeats" in log
         assert [o["path"] for o in done["outputs"]] == ["/out/done"]
-        payees = [e["payee"] for e in buyer.peer.ledger()["entries"]]
+        payees = [e["payee"] for e in ledger(buyer)["entries"]]
         assert payees == [dear.peer_id]
-        await until(ledger_entries(dear))
-        assert buyer.peer.ledger()["balance"] + dear.peer.ledger()["balance"] == 0
+        await until(ledger_entries(dear), dear)
+        assert ledger(buyer)["balance"] + ledger(dear)["balance"] == 0
 
         # Back from the dead, it owns up with a provider-fault receipt: settled at zero, late.
         cheap = await c.start(cheap.home)
         paid = await until(
-            lambda: [e for e in ledger_entries(buyer)() if e["payee"] == cheap.peer_id]
+            lambda: [e for e in ledger_entries(buyer)() if e["payee"] == cheap.peer_id], buyer
         )
         assert [e["amount"] for e in paid] == [0]
-        assert buyer.peer.ledger()["balance"] == -done["cost"]
-        assert buyer.peer.job(job["id"])["state"] == "succeeded"
-        assert buyer.peer.job(job["id"])["attempts"] == 2
-        assert events(buyer, job["id"])[-1] == "succeeded: late receipt settled: paid 0"
+        assert ledger(buyer)["balance"] == -done["cost"]
+        assert job(buyer, job_id)["state"] == "succeeded"
+        assert job(buyer, job_id)["attempts"] == 2
+        assert events(buyer, job_id)[-1] == "succeeded: late receipt settled: paid 0"
 
 
 async def test_a_restarted_provider_reports_the_interrupted_job_as_its_fault_and_is_paid_nothing(
-    image_layout: Path, monkeypatch: pytest.MonkeyPatch
+    image_layout: Path,
 ) -> None:
     """A provider restarted on its home after a crash does not run the interrupted job
     again: it signs a provider-fault receipt, the buyer settles it at zero and bids again."""
-    monkeypatch.setattr("node.market.buyer.HEARTBEAT_S", 60.0)  # the receipt, not silence, decides
     async with cluster(image_layout) as c:
         provider = await c.provider("provider")
-        buyer = await c.buyer("buyer")
+        buyer = await c.buyer("buyer", Timings(heartbeat_s=60.0))  # the receipt decides
         await buyer.peer.join(provider.addr)
 
-        job = await buyer.peer.submit(job_request(c.image, "sleep 2; echo done > /out/done"))
-        await state(buyer, job["id"], "running")
-        first = buyer.peer.db.job(job["id"]).agreement_id
+        job_id = (await submit(buyer, c.image, "sleep 2; echo done > /out/done"))["id"]
+        await state(buyer, job_id, "running")
+        first = buyer.peer.db.job(job_id).agreement_id
         await provider.stop()
 
         provider = await c.start(provider.home)
         await provider.peer.join(buyer.addr)
-        done = await finished(buyer, job["id"])
-        log = events(buyer, job["id"])
+        done = await finished(buyer, job_id)
+        log = events(buyer, job_id)
         assert done["state"] == "succeeded", "\n".join(log)
         assert done["attempts"] == 2
         assert "provider-fault: exit -1 (provider-fault)" in log
@@ -396,8 +265,8 @@ async def test_a_restarted_provider_reports_the_interrupted_job_as_its_fault_and
             "provider-fault: exit -1 (provider-fault)"
         )
 
-        await until(lambda: len(provider.peer.ledger()["entries"]) == 2)
-        entries = buyer.peer.ledger()["entries"]
+        await until(lambda: len(ledger(provider)["entries"]) == 2, provider)
+        entries = ledger(buyer)["entries"]
         assert (entries[0]["agreement_id"], entries[0]["amount"]) == (first.hex(), 0)
         assert entries[1]["amount"] == done["cost"] > 0
         # The interrupted agreement ran once, and was never started again after the restart.
@@ -421,14 +290,13 @@ async def test_a_restarted_provider_reports_the_interrupted_job_as_its_fault_and
 
 
 async def test_a_restarted_buyer_follows_its_job_to_the_end_and_settles_it_once(
-    image_layout: Path, monkeypatch: pytest.MonkeyPatch
+    image_layout: Path,
 ) -> None:
     """A buyer that crashed while its job runs resumes from its database: the status whose
     answer the crash cut off comes again and changes nothing, the receipt the provider kept
     in its outbox is taken and settled once, and the ledger survives a further restart."""
-    monkeypatch.setattr("node.market.provider.RETRY_S", 0.1)
     async with cluster(image_layout) as c:
-        provider = await c.provider("provider")
+        provider = await c.provider("provider", timings=Timings(retry_s=0.1))
         buyer = await c.buyer("buyer")
         await buyer.peer.join(provider.addr)
 
@@ -443,28 +311,28 @@ async def test_a_restarted_buyer_follows_its_job_to_the_end_and_settles_it_once(
             return seq
 
         buyer.peer.db.add_event = crash_once_running_is_stored  # type: ignore[method-assign]
-        job = await buyer.peer.submit(job_request(c.image, "sleep 1; echo done > /out/done"))
+        job_id = (await submit(buyer, c.image, "sleep 1; echo done > /out/done"))["id"]
         with trio.fail_after(BOUND):
             await buyer.gone.wait()
 
         buyer = await c.start(buyer.home)
-        assert buyer.peer.job(job["id"])["state"] == "running", events(buyer, job["id"])
-        done = await finished(buyer, job["id"])
-        assert done["state"] == "succeeded", "\n".join(events(buyer, job["id"]))
-        assert events(buyer, job["id"]).count("running: container started") == 1
+        assert job(buyer, job_id)["state"] == "running", events(buyer, job_id)
+        done = await finished(buyer, job_id)
+        assert done["state"] == "succeeded", "\n".join(events(buyer, job_id))
+        assert events(buyer, job_id).count("running: container started") == 1
         assert done["attempts"] == 1
         assert [o["path"] for o in done["outputs"]] == ["/out/done"]
-        ledger = buyer.peer.ledger()
-        assert [e["amount"] for e in ledger["entries"]] == [done["cost"]]
-        await until(ledger_entries(provider))
-        assert provider.peer.ledger()["balance"] == -ledger["balance"] > 0
+        bought = ledger(buyer)
+        assert [e["amount"] for e in bought["entries"]] == [done["cost"]]
+        await until(ledger_entries(provider), provider)
+        assert ledger(provider)["balance"] == -bought["balance"] > 0
 
-        seen = events(buyer, job["id"])
+        seen = events(buyer, job_id)
         await buyer.stop()
         buyer = await c.start(buyer.home)
-        assert buyer.peer.ledger() == ledger
-        assert buyer.peer.job(job["id"]) == done
-        assert events(buyer, job["id"]) == seen
+        assert ledger(buyer) == bought
+        assert job(buyer, job_id) == done
+        assert events(buyer, job_id) == seen
 
 
 # -- gossip --------------------------------------------------------------------------------
@@ -476,7 +344,9 @@ def signed_offer(key: PrivateKey, *, issued_ms: int, ttl_ms: int = 3_600_000) ->
         prices=Prices(cpu_core_hour=PRICE, memory_gib_hour=MEM_PRICE),
         arch=Arch.AMD64,
     )
-    return seal(key, offer, nonce=new_nonce(), issued_ms=issued_ms, expires_ms=issued_ms + ttl_ms)
+    return seal(
+        key, offer, nonce=os.urandom(16), issued_ms=issued_ms, expires_ms=issued_ms + ttl_ms
+    )
 
 
 async def test_forged_gossip_is_rejected_and_not_forwarded_and_expired_gossip_is_ignored(
@@ -497,10 +367,10 @@ async def test_forged_gossip_is_rejected_and_not_forwarded_and_expired_gossip_is
         with trio.fail_after(BOUND):
             await forger.wait_subscribed(middle.peer_id, OFFERS_TOPIC)
 
-        now = now_ms()
+        now = middle.peer.market.now_ms()
         expired = signed_offer(forger_key, issued_ms=now - 7_200_000)
         await forger.publish(OFFERS_TOPIC, expired.wire)
-        assert middle.peer.market()["rejected_gossip"] == {}
+        assert market(middle)["rejected_gossip"] == {}
         assert middle.peer.net.score(forger.peer_id) == 0
 
         tampered = signed_offer(forger_key, issued_ms=now).wire
@@ -509,16 +379,15 @@ async def test_forged_gossip_is_rejected_and_not_forwarded_and_expired_gossip_is
         wrong_domain = forger_key.sign(domain_of("bid"), body) + body
         for forged in (tampered, wrong_domain):
             await forger.publish(OFFERS_TOPIC, forged)
-        assert middle.peer.market()["rejected_gossip"] == {Reason.BAD_SIGNATURE.value: 2}
+        assert market(middle)["rejected_gossip"] == {Reason.BAD_SIGNATURE.value: 2}
         assert middle.peer.net.score(forger.peer_id) < 0
 
         valid = signed_offer(forger_key, issued_ms=now)
         await forger.publish(OFFERS_TOPIC, valid.wire)
-        await until(lambda: far.peer.market()["offers"] == 1)
+        await until(lambda: market(far)["offers"] == 1, far)
         for node in (middle, far):
-            book = node.peer.market()
-            assert book["offers"] == 1, node.name  # only the valid one
-        assert far.peer.market()["rejected_gossip"] == {}  # it never saw the forgeries
+            assert market(node)["offers"] == 1, node.name  # only the valid one
+        assert market(far)["rejected_gossip"] == {}  # it never saw the forgeries
         assert far.peer.net.score(middle.peer_id) == 0
 
 
@@ -537,25 +406,25 @@ async def test_a_cancelled_waiting_job_withdraws_its_bid_from_every_book(
         await dear.peer.join(hub.addr)
         await buyer.peer.join(hub.addr)
 
-        job = await buyer.peer.submit(job_request(c.image, "echo ok", price=50_000_000))
+        job_id = (await submit(buyer, c.image, "echo ok", price=50_000_000))["id"]
         for node in (hub, dear, buyer):
-            await until(lambda n=node: n.peer.market()["bids"] == 1)  # type: ignore[misc]
+            await until(lambda n=node: market(n)["bids"] == 1, node)  # type: ignore[misc]
 
-        cancelled = await buyer.peer.cancel(job["id"])
-        assert cancelled["state"] == "cancelled"
+        cancelled = await buyer.peer.cancel(job_id)
+        assert cancelled.state == "cancelled"
         for node in (hub, dear, buyer):
-            await until(lambda n=node: n.peer.market()["bids"] == 0)  # type: ignore[misc]
-        with pytest.raises(ApiError) as refused:
-            await buyer.peer.cancel(job["id"])
+            await until(lambda n=node: market(n)["bids"] == 0, node)  # type: ignore[misc]
+        with pytest.raises(Conflict) as refused:
+            await buyer.peer.cancel(job_id)
         assert refused.value.code == "too-late"
 
-        seen = events(buyer, job["id"])
+        seen = events(buyer, job_id)
         cheap = await c.provider("cheap", price=40_000_000)
         await cheap.peer.join(hub.addr)
-        await until(lambda: buyer.peer.market()["offers"] == 2)
+        await until(lambda: market(buyer)["offers"] == 2, buyer)
         await trio.testing.wait_all_tasks_blocked()
-        assert events(buyer, job["id"]) == seen
-        assert buyer.peer.job(job["id"])["state"] == "cancelled"
+        assert events(buyer, job_id) == seen
+        assert job(buyer, job_id)["state"] == "cancelled"
 
 
 async def test_a_better_paying_bid_preempts_a_cheap_preemptible_job_which_is_bid_again(
@@ -567,29 +436,28 @@ async def test_a_better_paying_bid_preempts_a_cheap_preemptible_job_which_is_bid
         provider = await c.provider("provider", price=PRICE, cpu_milli=500)
         thrifty, eager = await c.buyer("thrifty"), await c.buyer("eager")
         await thrifty.peer.join(provider.addr)
-        cheap = await thrifty.peer.submit(
-            job_request(c.image, "sleep 30", price=100_000_000, preemptible=True)
-        )
+        cheap = await submit(thrifty, c.image, "sleep 30", price=100_000_000, preemptible=True)
         assert (await state(thrifty, cheap["id"], "running"))["price"]["cpu_core_hour"] == PRICE
 
         # The eager bid rests first, so it trades at its own (higher) limit once it sees the
         # offer; the provider's book shows no room, so it must preempt to accept.
-        urgent = await eager.peer.submit(job_request(c.image, "sleep 30", price=200_000_000))
+        urgent = await submit(eager, c.image, "sleep 30", price=200_000_000)
         await eager.peer.join(provider.addr)
         running = await state(eager, urgent["id"], "running")
         assert running["provider"] == provider.peer_id
         assert running["price"]["cpu_core_hour"] == 200_000_000
 
-        with trio.fail_after(BOUND):
-            while "waiting: no provider agreed yet" not in " | ".join(events(thrifty, cheap["id"])):
-                await thrifty.peer.buyer.changed.wait()
+        await until(
+            lambda: "waiting: no provider agreed yet" in " | ".join(events(thrifty, cheap["id"])),
+            thrifty,
+        )
         log = events(thrifty, cheap["id"])
         assert any(e.startswith("preempted: ") for e in log), log
         assert log.index("waiting: bidding again") > max(
             i for i, e in enumerate(log) if e.startswith("preempted: ")
         )
         assert f"negotiating: {provider.peer_id} rejected: no-capacity" in " | ".join(log)
-        after = thrifty.peer.job(cheap["id"])
+        after = job(thrifty, cheap["id"])
         assert after["state"] == "waiting"
         assert after["exit_reason"] == "preempted"
-        assert [e["payee"] for e in thrifty.peer.ledger()["entries"]] == [provider.peer_id]
+        assert [e["payee"] for e in ledger(thrifty)["entries"]] == [provider.peer_id]

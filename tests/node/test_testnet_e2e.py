@@ -6,15 +6,19 @@ test waits on a job's event stream (the API's long poll), never on a clock.
 
 from __future__ import annotations
 
+import shutil
 import sqlite3
 import time
 from collections.abc import Callable, Iterator
+from pathlib import Path
 from typing import Any, TypeVar
 
 import pytest
+from executor_support import searchable_dir
 
 from node.api.client import ApiClient
-from node.testnet import WORKLOAD, JobPlan, Testnet
+from node.testnet import Testnet
+from node.workload import WORKLOAD, JobPlan
 
 pytestmark = pytest.mark.integration
 
@@ -51,10 +55,16 @@ def eventually(probe: Callable[[], T]) -> T:
 
 
 @pytest.fixture
-def testnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testnet]:
-    root = tmp_path_factory.mktemp("testnet")
-    for parent in (root, *root.parents):  # containers run as a mapped uid: let it traverse
-        parent.chmod(parent.stat().st_mode | 0o011)
+def root() -> Iterator[Path]:
+    """A directory the containers' mapped uid can traverse. Not under pytest's tmp_path:
+    pytest makes its base directory 0700 again whenever another session starts."""
+    path = searchable_dir("cx-testnet-test-")
+    yield path
+    shutil.rmtree(path, ignore_errors=True)
+
+
+@pytest.fixture
+def testnet(root: Path) -> Iterator[Testnet]:
     net = Testnet(providers=2, buyers=1, work=root, tpm=False)
     try:
         yield net
@@ -62,12 +72,9 @@ def testnet(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Testnet]:
         net.stop()
 
 
-def test_default_workload_settles_everywhere(tmp_path_factory: pytest.TempPathFactory) -> None:
+def test_default_workload_settles_everywhere(root: Path) -> None:
     """The README's demo: every job reaches its planned outcome, the attested one through a
     TPM quote from a provider's swtpm, and every ledger agrees."""
-    root = tmp_path_factory.mktemp("demo")
-    for parent in (root, *root.parents):
-        parent.chmod(parent.stat().st_mode | 0o011)
     with Testnet(3, 2, work=root) as net:
         net.start()
         verdict = net.run(WORKLOAD, timeout_s=90)

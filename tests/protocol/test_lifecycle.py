@@ -1,10 +1,11 @@
-"""The whole life of a trade between two sans-IO traders, with no event loop."""
+"""The whole life of a trade between a sans-IO buyer and provider, with no event loop."""
 
 from __future__ import annotations
 
 import pytest
 from factories import HOUR_MS, T0, Nonces, bid, key, offer
 
+from protocol.buying import Buying
 from protocol.errors import InvalidMessage, Reason
 from protocol.messages import (
     Accept,
@@ -16,21 +17,21 @@ from protocol.messages import (
     Usage,
 )
 from protocol.negotiation import Agreement
+from protocol.selling import Selling
 from protocol.settlement import charge
 from protocol.trader import Trader
 
 
 @pytest.fixture
 def pair():
-    return Trader(key("buyer")), Trader(key("provider")), Nonces()
+    return Buying(Trader(key("buyer"))), Selling(Trader(key("provider"))), Nonces()
 
 
 def _trade_until_agreed(buyer, provider, nonce):
-    posted_offer, none = provider.post(offer(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
-    assert none == []
-    buyer.receive_order(posted_offer.wire, now_ms=T0 + 1)
-    posted_bid, matches = buyer.post(bid(), nonce=nonce(), now_ms=T0 + 2, ttl_ms=HOUR_MS)
-    provider.receive_order(posted_bid.wire, now_ms=T0 + 3)
+    posted_offer = provider.post_offer(offer(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+    buyer.trader.receive_order(posted_offer.wire, now_ms=T0 + 1)
+    posted_bid, matches = buyer.trader.post(bid(), nonce=nonce(), now_ms=T0 + 2, ttl_ms=HOUR_MS)
+    provider.trader.receive_order(posted_bid.wire, now_ms=T0 + 3)
     [match] = matches
     assert match.offer.id == posted_offer.id
     proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0 + 4)
@@ -80,40 +81,40 @@ def test_offer_bid_match_agreement_receipt_settled(pair):
     entry = provider.receive_countersigned(countersigned.to_wire())
 
     assert entry.amount == 30_000
-    for trader in (buyer, provider):
-        assert trader.jobs[agreement.id].state is JobState.SETTLED
-        balances = trader.ledger.balances()
-        assert balances == {provider.me.raw: 30_000, buyer.me.raw: -30_000}
+    for side in (buyer, provider):
+        assert side.jobs[agreement.id].state is JobState.SETTLED
+        balances = side.trader.ledger.balances()
+        assert balances == {provider.trader.me.raw: 30_000, buyer.trader.me.raw: -30_000}
         assert sum(balances.values()) == 0
     # the provider's capacity is whole again
-    resting = provider.book.offers[agreement.terms.offer_id]
+    resting = provider.trader.book.offers[agreement.terms.offer_id]
     assert resting.remaining == resting.offer.capacity
 
 
 def test_reject_moves_to_next_candidate(pair):
     buyer, provider, nonce = pair
-    other = Trader(key("other provider"))
+    other = Selling(Trader(key("other provider")))
     for seller, price in ((provider, 90_000), (other, 95_000)):
-        posted, _ = seller.post(offer(cpu_price=price), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
-        buyer.receive_order(posted.wire, now_ms=T0)
-    posted_bid, [first] = buyer.post(bid(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
-    assert first.provider == provider.me.raw  # cheapest first
+        posted = seller.post_offer(offer(cpu_price=price), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+        buyer.trader.receive_order(posted.wire, now_ms=T0)
+    posted_bid, [first] = buyer.trader.post(bid(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+    assert first.provider == provider.trader.me.raw  # cheapest first
     proposal = buyer.propose(first, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
     provider.receive_proposal(proposal.wire, now_ms=T0)
     reply = provider.reject(proposal.id, RejectReason.POLICY, nonce=nonce(), now_ms=T0)
     assert isinstance(buyer.receive_reply(reply.wire, now_ms=T0).payload, Reject)
     [second] = buyer.next_match(posted_bid.id, now_ms=T0)
-    assert second.provider == other.me.raw
+    assert second.provider == other.trader.me.raw
 
 
 def test_provider_rejects_when_capacity_is_gone(pair):
     buyer, provider, nonce = pair
-    posted, _ = provider.post(offer(cpu_milli=1000), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
-    buyer.receive_order(posted.wire, now_ms=T0)
+    posted = provider.post_offer(offer(cpu_milli=1000), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+    buyer.trader.receive_order(posted.wire, now_ms=T0)
     proposals = []
     for _ in range(2):  # the buyer's book thinks capacity is there each time it is released
-        _, [match] = buyer.post(bid(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
-        buyer.book.release(match, rest_bid=False)
+        _, [match] = buyer.trader.post(bid(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+        buyer.trader.book.release(match, rest_bid=False)
         proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
         provider.receive_proposal(proposal.wire, now_ms=T0)
         proposals.append(proposal)
@@ -141,7 +142,7 @@ def test_receipt_with_inflated_cost_is_refused(pair):
     from protocol.envelope import seal
 
     inflated = seal(
-        provider.key,
+        provider.trader.key,
         replace(honest.payload, cost=honest.payload.cost + 1),
         nonce=nonce(),
         issued_ms=T0 + 9,

@@ -1,0 +1,133 @@
+"""The control API over a running :class:`~node.peer.Peer`: typed answers become JSON views,
+the peer's refusals become :class:`ApiError` with their HTTP status, and
+:func:`serve_control` publishes where it listens in the home (``api.json``)."""
+
+from __future__ import annotations
+
+import secrets
+from collections.abc import Iterator
+from contextlib import contextmanager
+from importlib.metadata import version
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+import trio
+
+from node.api import views
+from node.api.server import ApiError, clear_api_info, serve_api, write_api_info
+from node.market.request import JobRequest, RequestError
+from node.peer import Conflict, Peer, PeerError, UnknownJob
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
+
+__all__ = ["NodeController", "serve_control"]
+
+Json = dict[str, Any]
+
+
+@contextmanager
+def _refusals() -> Iterator[None]:
+    """The peer's refusals as the API's errors, with their HTTP status."""
+    try:
+        yield
+    except UnknownJob as exc:
+        raise ApiError(404, exc.code, str(exc)) from exc
+    except Conflict as exc:
+        raise ApiError(409, exc.code, str(exc)) from exc
+    except PeerError as exc:  # AmbiguousJob and every other request the peer cannot take
+        raise ApiError(400, exc.code, str(exc)) from exc
+    except RequestError as exc:
+        raise ApiError(400, exc.code, str(exc)) from exc
+
+
+class NodeController:
+    """Implements node.api.server.Controller for a running peer."""
+
+    def __init__(self, peer: Peer) -> None:
+        self.peer = peer
+
+    def node_info(self) -> Json:
+        provider = self.peer.provider
+        offer = provider.offer if provider is not None else None
+        return {
+            "peer_id": self.peer.net.peer_id,
+            "addrs": self.peer.net.listen_addrs,
+            "provider": provider is not None,
+            "offer": None if offer is None else views.offer(offer),
+            "version": version("compute-exchange"),
+        }
+
+    def peers(self) -> list[Json]:
+        net, addresses = self.peer.net, self.peer.market.addresses
+        return [
+            {"peer_id": p, "score": net.score(p), "addrs": [a] if (a := addresses.get(p)) else []}
+            for p in sorted(net.peers())
+        ]
+
+    async def submit(self, request: JobRequest) -> Json:
+        with _refusals():
+            return views.job(await self.peer.submit(request))
+
+    def jobs(self) -> list[Json]:
+        return [views.job(j) for j in self.peer.jobs()]
+
+    def job(self, job_id: str) -> Json:
+        with _refusals():
+            return views.job(self.peer.job(job_id))
+
+    async def events(self, job_id: str, after: int, wait_s: float) -> list[Json]:
+        with _refusals():
+            return await self.peer.events(job_id, after, wait_s)
+
+    def why(self, job_id: str) -> Json:
+        with _refusals():
+            return views.why(self.peer.why(job_id))
+
+    async def logs(self, job_id: str) -> Json:
+        with _refusals():
+            return await self.peer.logs(job_id)
+
+    async def outputs(self, job_id: str, dest: str) -> list[Json]:
+        with _refusals():
+            written = await self.peer.outputs(job_id, Path(dest))
+        return [{"path": w.path, "file": w.file, "size": w.size} for w in written]
+
+    async def cancel(self, job_id: str) -> Json:
+        with _refusals():
+            return views.job(await self.peer.cancel(job_id))
+
+    def market(self) -> Json:
+        m = self.peer.market
+        return views.market(m.trader.book, m.trades, m.rejected, m.now_ms())
+
+    def ledger(self) -> Json:
+        return views.ledger(self.peer.ledger(), self.peer.key.public_key.raw)
+
+
+async def serve_control(
+    peer: Peer, *, task_status: TaskStatus[str] = trio.TASK_STATUS_IGNORED
+) -> None:
+    """Serve the control API for ``peer`` on 127.0.0.1 (the home's ``api_port``, else any
+    free one) and publish it in the home until cancelled; ``nursery.start`` returns its URL.
+
+    Raises OSError when the port cannot be bound.
+    """
+    token = secrets.token_hex(24)
+    home: Path = peer.home.root
+    async with trio.open_nursery() as nursery:
+        port = await nursery.start(
+            lambda task_status: serve_api(
+                NodeController(peer),
+                token=token,
+                port=peer.config.api_port,
+                task_status=task_status,
+            )
+        )
+        url = f"http://127.0.0.1:{port}"
+        write_api_info(home, url, token)
+        try:
+            task_status.started(url)
+            await trio.sleep_forever()
+        finally:
+            clear_api_info(home)

@@ -1,0 +1,86 @@
+"""Why a bid does not match, in one sentence a user can act on (spec/matching.md,
+"Explanations").
+
+Rules:
+- Counts come first (how many offers each constraint rules out), then what to change.
+- Price is compared per unit, as matching does: for each resource the bid uses, the
+  cheapest unit price among offers that fit otherwise against the bid's limit. Totals
+  (a quote for the whole wall-time) are never compared with unit limits.
+- Capacity names what is largest on offer where the bid asks for more.
+Pure: the same explanation of the same bid always reads the same.
+"""
+
+from __future__ import annotations
+
+from protocol.book import Explanation
+from protocol.messages import Bid, Prices, Resources
+from protocol.units import cores, credits, size
+
+__all__ = ["why_not"]
+
+_PRICE_UNITS = (
+    ("cpu_core_hour", "CPU", "core-hour", "cpu_milli"),
+    ("memory_gib_hour", "memory", "GiB-hour", "memory_bytes"),
+    ("disk_gib_hour", "disk", "GiB-hour", "disk_bytes"),
+    ("gpu_hour", "GPU", "GPU-hour", "gpus"),
+)
+
+
+def why_not(e: Explanation, bid: Bid) -> str:
+    """The explanation of ``e`` (``OrderBook.explain`` of ``bid``) as one sentence."""
+    if e.offers == 0:
+        return "no offers are known to this node yet; is it connected (`cx peers`)?"
+    if e.matching:
+        return f"{e.matching} of {e.offers} offers fit; negotiation is under way or they refused"
+    counts = ", ".join(f"{name} rules out {n}" for name, n in e.ruled_out.items() if n)
+    advice = [*_everywhere(e, bid), *_capacity(e, bid.resources), *_prices(e, bid)]
+    if not advice:
+        advice = ["no offer passes all of them together"]
+    return f"none of {e.offers} offers fits ({counts}): {'; '.join(advice)}"
+
+
+def _everywhere(e: Explanation, bid: Bid) -> list[str]:
+    """What each constraint that rules out every offer on its own asks for."""
+    c = bid.constraints
+    said = {
+        "arch": f"no offer runs {c.arch}",
+        "region": f"no offer is in {' or '.join(c.regions)}",
+        "trust": f"no offer attests {c.trust.level}",
+        "reputation": f"no provider has a reputation of {c.min_reputation} here",
+        "gpu-model": f"no offer has {bid.resources.gpus} {c.gpu_model} GPUs",
+        "network": "no offer lets jobs use the network",
+        "wall-time": f"no offer allows {bid.job.wall_ms // 1000} s of wall time",
+    }
+    return [text for name, text in said.items() if e.ruled_out.get(name) == e.offers]
+
+
+def _capacity(e: Explanation, need: Resources) -> list[str]:
+    if not e.ruled_out.get("capacity") or e.largest_free is None:
+        return []
+    most = e.largest_free
+    short = [
+        (what, f"{fmt(getattr(need, field))} asked, {fmt(getattr(most, field))} free at most")
+        for what, field, fmt in (
+            ("CPU", "cpu_milli", cores),
+            ("memory", "memory_bytes", size),
+            ("disk", "disk_bytes", size),
+            ("GPUs", "gpus", str),
+        )
+        if getattr(need, field) > getattr(most, field)
+    ]
+    return [f"{what}: {detail}" for what, detail in short]
+
+
+def _prices(e: Explanation, bid: Bid) -> list[str]:
+    cheapest: Prices | None = e.cheapest
+    if not e.ruled_out.get("price") or cheapest is None:
+        return []
+    out = []
+    for field, what, unit, used in _PRICE_UNITS:
+        ask, limit = getattr(cheapest, field), getattr(bid.max_prices, field)
+        if getattr(bid.resources, used) and ask > limit:
+            out.append(
+                f"{what} costs at least {credits(ask)} credits per {unit}, "
+                f"your limit is {credits(limit)}"
+            )
+    return out

@@ -1,0 +1,301 @@
+"""The provider's side of a trade, sans-IO, over a node's shared :class:`Trader`.
+
+    post_offer(offer) -> receive_proposal() -> screen() -> [preemption_for()] -> accept()
+    -> receive_agreement() -> status(...) -> issue_receipt() -> receive_countersigned()
+
+Rules:
+- A provider has one current offer; a proposal for any other (one it replaced, or one a
+  book sync handed back after a restart) is refused as ``unknown-order``, so the same
+  capacity is never sold twice.
+- Capacity is *held* from the accept until the job's receipt (or until the buyer fails to
+  agree in time). Holds live on the current offer: posting a new offer moves every hold
+  onto it, and a released hold goes back to whatever offer is current then.
+- Preemption (:func:`choose_preemption`) reclaims capacity only from preemptible jobs that
+  pay less per core-hour than the proposal, cheapest first, and only if that frees enough.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+from protocol.envelope import MessageId, Signed
+from protocol.errors import InvalidMessage, LocalProtocolError, Reason
+from protocol.job import END_STATE, JOB_TABLE, job_machine
+from protocol.machine import Machine
+from protocol.messages import (
+    Accept,
+    Cancel,
+    DataRef,
+    Evidence,
+    ExitReason,
+    JobState,
+    JobStatus,
+    Offer,
+    Proposal,
+    Reject,
+    RejectReason,
+    Resources,
+    SignedInt,
+    Terms,
+    TrustLevel,
+    Usage,
+    UsageReceipt,
+)
+from protocol.negotiation import (
+    Agreement,
+    NegotiationState,
+    ProviderEvent,
+    check_terms_against_offer,
+    provider_machine,
+    sign_terms,
+)
+from protocol.receipts import CountersignedReceipt, agreed_charge
+from protocol.settlement import LedgerEntry
+from protocol.trader import NEGOTIATION_TTL_MS, Trader
+
+__all__ = ["LIVE", "ProviderDeal", "Selling", "choose_preemption"]
+
+# Job states in which a job holds the provider's capacity.
+LIVE = frozenset({JobState.AGREED, JobState.TRANSFERRING, JobState.RUNNING})
+
+
+def choose_preemption(
+    incoming: Terms, free: Resources, running: Mapping[bytes, Terms]
+) -> list[bytes] | None:
+    """Which running jobs (by agreement id) to preempt so ``incoming`` fits: none when it
+    fits in ``free`` already, None when no allowed choice frees enough.
+
+    Only preemptible jobs paying less per core-hour than ``incoming`` may go, cheapest
+    first (ties by agreement id, so every node decides alike), and no more than needed.
+    """
+    need = incoming.resources
+    if need.fits_in(free):
+        return []
+    victims = []
+    for agreement_id, terms in sorted(
+        running.items(), key=lambda item: (item[1].prices.cpu_core_hour, item[0])
+    ):
+        if need.fits_in(free):
+            break
+        if terms.preemptible and terms.prices.cpu_core_hour < incoming.prices.cpu_core_hour:
+            victims.append(agreement_id)
+            free = free.plus(terms.resources)
+    return victims if need.fits_in(free) else None
+
+
+@dataclass(slots=True)
+class ProviderDeal:
+    proposal: Signed[Proposal]
+    machine: Machine[NegotiationState, ProviderEvent] = field(default_factory=provider_machine)
+
+    @property
+    def terms(self) -> Terms:
+        return self.proposal.payload.terms
+
+
+@dataclass(slots=True)
+class Selling:
+    trader: Trader
+    offer: Signed[Offer] | None = None  # the current offer
+    deals: dict[MessageId, ProviderDeal] = field(default_factory=dict)  # by proposal id
+    agreements: dict[bytes, Agreement] = field(default_factory=dict)
+    jobs: dict[bytes, Machine[JobState, JobState]] = field(default_factory=dict)
+    _holds: dict[bytes, Resources] = field(default_factory=dict)  # proposal or agreement id
+
+    # -- the offer ---------------------------------------------------------------------
+
+    def post_offer(self, offer: Offer, *, nonce: bytes, now_ms: int, ttl_ms: int) -> Signed[Offer]:
+        """Sign ``offer`` as the current one; every hold moves onto it. The offers it
+        replaces stay in the book until :meth:`withdraw`."""
+        order, matches = self.trader.post(offer, nonce=nonce, now_ms=now_ms, ttl_ms=ttl_ms)
+        for match in matches:
+            # bids we could serve: their buyers propose when they see our offer
+            self.trader.book.release(match, rest_bid=True)
+        for held in self._holds.values():
+            self.trader.book.reserve(order.id, held)
+        self.offer = order
+        return order
+
+    def withdraw(self, offer_id: bytes, *, nonce: bytes, now_ms: int) -> Signed[Cancel] | None:
+        """A cancel to gossip for one of our replaced offers still in the book, else None."""
+        if offer_id not in self.trader.book.offers:
+            return None
+        return self.trader.cancel(MessageId(offer_id), nonce=nonce, now_ms=now_ms)
+
+    # -- negotiation -------------------------------------------------------------------
+
+    def receive_proposal(self, wire: bytes, *, now_ms: int) -> Signed[Proposal]:
+        """Admit a proposal; then :meth:`screen` it, and :meth:`accept` or :meth:`reject`."""
+        proposal = self.trader.open(wire, Proposal, now_ms)
+        if proposal.signer.raw != proposal.payload.terms.buyer:
+            raise InvalidMessage(Reason.WRONG_PARTY, "a proposal is signed by its buyer")
+        deal = ProviderDeal(proposal=proposal)
+        deal.machine.fire(ProviderEvent.RECEIVE_PROPOSAL, remote=True)
+        self.deals[proposal.id] = deal
+        return proposal
+
+    def screen(self, proposal_id: MessageId) -> tuple[RejectReason, str] | None:
+        """Why we must refuse this proposal whatever our capacity, or None."""
+        terms = self.deals[proposal_id].terms
+        if self.offer is None or terms.offer_id != self.offer.id:
+            return RejectReason.UNKNOWN_ORDER, "that offer was replaced by a newer one"
+        level = terms.trust.level
+        if level is not TrustLevel.NONE and level not in self.offer.payload.trust:
+            return RejectReason.TRUST_UNAVAILABLE, f"this provider cannot attest {level}"
+        try:
+            check_terms_against_offer(terms, self.offer, self.trader.me)
+        except InvalidMessage as exc:
+            return RejectReason.BAD_TERMS, str(exc)
+        return None
+
+    def preemption_for(self, proposal_id: MessageId) -> list[bytes] | None:
+        """The running jobs to preempt so the proposal fits (see :func:`choose_preemption`)."""
+        resting = self.trader.book.offers.get(self.offer.id) if self.offer else None
+        if resting is None:
+            return None
+        running = {
+            agreement_id: agreement.terms
+            for agreement_id, agreement in self.agreements.items()
+            if self.jobs[agreement_id].state in LIVE
+        }
+        return choose_preemption(self.deals[proposal_id].terms, resting.remaining, running)
+
+    def accept(
+        self, proposal_id: MessageId, *, evidence: Evidence | None, nonce: bytes, now_ms: int
+    ) -> Signed[Accept] | Signed[Reject]:
+        """Hold the capacity and accept; rejects instead if the proposal fails
+        :meth:`screen` or no longer fits."""
+        refusal = self.screen(proposal_id)
+        terms = self.deals[proposal_id].terms
+        if refusal is None:
+            assert self.offer is not None  # screen() refuses without one
+            try:
+                self.trader.book.reserve(self.offer.id, terms.resources)
+            except LocalProtocolError as exc:
+                refusal = (RejectReason.NO_CAPACITY, str(exc))
+        if refusal is not None:
+            return self.reject(proposal_id, *refusal, nonce=nonce, now_ms=now_ms)
+        self._holds[proposal_id] = terms.resources
+        self.deals[proposal_id].machine.fire(ProviderEvent.SEND_ACCEPT)
+        payload = Accept(
+            proposal_id=proposal_id,
+            terms_signature=sign_terms(self.trader.key, terms),
+            evidence=evidence,
+        )
+        return self.trader.seal(payload, nonce, now_ms, NEGOTIATION_TTL_MS)
+
+    def reject(
+        self,
+        proposal_id: MessageId,
+        reason: RejectReason,
+        detail: str = "",
+        *,
+        nonce: bytes,
+        now_ms: int,
+    ) -> Signed[Reject]:
+        self.deals.pop(proposal_id).machine.fire(ProviderEvent.SEND_REJECT)
+        payload = Reject(proposal_id=proposal_id, reason=reason, detail=detail)
+        return self.trader.seal(payload, nonce, now_ms, NEGOTIATION_TTL_MS)
+
+    def receive_agreement(self, wire: bytes) -> Agreement:
+        """The buyer's agreement to terms we accepted; the job starts.
+
+        Raises:
+            DecodeError, InvalidMessage: not both signatures over terms we accepted.
+        """
+        agreement = Agreement.from_wire(wire)
+        found = next(
+            (
+                (proposal_id, deal)
+                for proposal_id, deal in self.deals.items()
+                if deal.terms == agreement.terms and deal.machine.state is NegotiationState.ACCEPTED
+            ),
+            None,
+        )
+        if found is None:
+            raise InvalidMessage(Reason.TERMS_MISMATCH, "agreement to terms we did not accept")
+        proposal_id, deal = found
+        deal.machine.fire(ProviderEvent.RECEIVE_AGREEMENT, remote=True)
+        del self.deals[proposal_id]
+        self._holds[agreement.id] = self._holds.pop(proposal_id)
+        self.agreements[agreement.id] = agreement
+        self.jobs[agreement.id] = job_machine()
+        return agreement
+
+    def timed_out(self, proposal_id: MessageId) -> None:
+        """Input event: no agreement came after our accept. The capacity goes back."""
+        self.deals.pop(proposal_id).machine.fire(ProviderEvent.TIMEOUT)
+        self._release(proposal_id)
+
+    # -- the job ---------------------------------------------------------------------
+
+    def status(
+        self, agreement_id: bytes, state: JobState, *, nonce: bytes, now_ms: int, detail: str = ""
+    ) -> Signed[JobStatus]:
+        """Move the job and sign the status event for the buyer."""
+        self.jobs[agreement_id].fire(state)
+        payload = JobStatus(agreement_id=agreement_id, state=state, detail=detail)
+        return self.trader.seal(payload, nonce, now_ms, NEGOTIATION_TTL_MS)
+
+    def issue_receipt(
+        self,
+        agreement_id: bytes,
+        *,
+        usage: Usage,
+        exit_reason: ExitReason,
+        exit_code: int,
+        outputs: tuple[DataRef, ...] = (),
+        logs: tuple[DataRef, ...] = (),
+        checkpoint: str | None = None,
+        nonce: bytes,
+        now_ms: int,
+    ) -> Signed[UsageReceipt]:
+        """Sign the usage receipt; its cost follows from the terms. The job's capacity is
+        free for the next buyer now, not at settlement.
+
+        ``logs`` are the job's stdout and stderr blobs (paths ``/dev/stdout``,
+        ``/dev/stderr``), so the buyer can fetch them; raises ValueError for other paths.
+        """
+        agreement = self.agreements[agreement_id]
+        job = self.jobs[agreement_id]
+        if job.state not in (END_STATE[exit_reason], JobState.RECEIPTED):
+            job.fire(END_STATE[exit_reason])
+        receipt = UsageReceipt(
+            agreement_id=agreement_id,
+            usage=usage,
+            exit_reason=exit_reason,
+            exit_code=SignedInt(exit_code),
+            outputs=outputs,
+            logs=logs,
+            checkpoint=checkpoint,
+            cost=agreed_charge(agreement, usage, exit_reason),
+        )
+        job.fire(JobState.RECEIPTED)
+        self._release(agreement_id)
+        lifetime = self.trader.policy.max_lifetime_ms["usage-receipt"]
+        return self.trader.seal(receipt, nonce, now_ms, lifetime)
+
+    def receive_countersigned(self, wire: bytes) -> LedgerEntry:
+        """The buyer's countersignature arrived; settle.
+
+        Raises:
+            DecodeError, InvalidMessage: not our receipt, countersigned by its buyer.
+        """
+        countersigned = CountersignedReceipt.from_wire(wire, self.agreements)
+        agreement = self.agreements[countersigned.receipt.payload.agreement_id]
+        entry = self.trader.settle(agreement, countersigned)
+        self.jobs[agreement.id].fire(JobState.SETTLED)
+        return entry
+
+    def resume(self, agreement: Agreement, state: JobState) -> None:
+        """Take an agreement back from the node's database after a restart."""
+        self.agreements[agreement.id] = agreement
+        self.jobs[agreement.id] = Machine(JOB_TABLE, state, JobState.ERROR)
+        if state in LIVE:
+            self._holds[agreement.id] = agreement.terms.resources
+
+    def _release(self, key: bytes) -> None:
+        held = self._holds.pop(key, None)
+        if held is not None and self.offer is not None:
+            self.trader.book.give_back(self.offer.id, held)

@@ -1,0 +1,21 @@
+"""Fixtures shared by the node tests."""
+
+from __future__ import annotations
+
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+from executor_support import searchable_dir
+
+from node.storage.image import busybox_entries, write_layout
+
+
+@pytest.fixture(scope="module")
+def image_layout() -> Iterator[Path]:
+    """A busybox OCI layout, imported into each buyer's store by ``Cluster.buyer``."""
+    root = searchable_dir("cx-market-image-")
+    write_layout(root / "layout", [busybox_entries()])
+    yield root / "layout"
+    shutil.rmtree(root, ignore_errors=True)
