@@ -46,6 +46,7 @@ from node.storage.store import BlobStore
 from node.tpm import attestor as attestation
 from node.tpm import swtpm
 from protocol.book import Explanation
+from protocol.errors import ProtocolError
 from protocol.explain import why_not
 from protocol.identity import PrivateKey
 from protocol.settlement import LedgerEntry
@@ -279,11 +280,16 @@ async def serve_peer(
     """
     home = root if isinstance(root, Home) else Home(root)
     key, config = home.key(), home.config()
+    clock = clock or Clock()
     db = Database(home.db_path)
     store = BlobStore(home.store_root)
     trader = Trader(key)
     for entry, _ in db.ledger():
-        trader.ledger.record(entry)
+        try:
+            trader.ledger.record(entry)
+        except (ProtocolError, TypeError) as exc:  # a negative or non-integer amount
+            db.quarantine("ledger", entry.agreement_id, f"unusable entry: {exc}", clock.now_ms())
+    db.sweep_jobs(clock.now_ms())
     try:
         # The exit stack outlives the nursery: the TPM stays open while any task may use it.
         async with contextlib.AsyncExitStack() as stack, trio.open_nursery() as nursery:
@@ -295,7 +301,7 @@ async def serve_peer(
                 net,
                 db,
                 store,
-                clock=clock or Clock(),
+                clock=clock,
                 timings=timings or Timings(),
                 entropy=entropy,
             )

@@ -20,11 +20,19 @@ from typing import Any, Generic, NewType, TypeVar
 
 from protocol import messages as m
 from protocol.encoding import DEFAULT_LIMITS, Limits, decode, encode
-from protocol.errors import InvalidMessage, LocalProtocolError, Reason
+from protocol.errors import DecodeError, InvalidMessage, LocalProtocolError, Reason
 from protocol.identity import PrivateKey, PublicKey
 from protocol.schema import from_value, to_value
 
-__all__ = ["MESSAGE_TYPES", "MessageId", "Signed", "domain_of", "open_signed", "seal"]
+__all__ = [
+    "MESSAGE_TYPES",
+    "MessageId",
+    "Signed",
+    "check_sealable",
+    "domain_of",
+    "open_signed",
+    "seal",
+]
 
 MessageId = NewType("MessageId", bytes)
 
@@ -104,6 +112,38 @@ def seal(
         expires_ms=expires_ms,
         payload=payload,
     )
+
+
+_ANY_TIME = 2**64 - 1  # the longest an ``iat`` or ``exp`` can encode
+
+
+def check_sealable(payload: object, limits: Limits = DEFAULT_LIMITS) -> None:
+    """Check that ``payload``, sealed by any key at any time, is a message every receiver
+    decoding with ``limits`` takes: its whole wire form within ``limits.max_size`` and its
+    body within every other limit, checked exactly as :func:`open_signed` checks it.
+
+    Raises:
+        DecodeError: the limit it breaks (TOO_LARGE, TOO_LONG, TOO_DEEP, ...).
+        LocalProtocolError(UNKNOWN_TYPE): ``payload`` is not a message.
+    """
+    type_name = _TYPE_NAMES.get(type(payload))
+    if type_name is None:
+        raise LocalProtocolError(Reason.UNKNOWN_TYPE, f"{type(payload).__name__} is not a message")
+    body = encode(
+        {
+            "type": type_name,
+            "from": bytes(32),
+            "nonce": bytes(NONCE_SIZE),
+            "iat": _ANY_TIME,
+            "exp": _ANY_TIME,
+            "data": to_value(payload),
+        }
+    )
+    wire = SIGNATURE_SIZE + len(body)
+    if wire > limits.max_size:
+        limit = limits.max_size
+        raise DecodeError(Reason.TOO_LARGE, f"signed, it is {wire} bytes; the limit is {limit}")
+    decode(body, limits)
 
 
 def open_signed(

@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from node.cli.common import add_common, cpu, parse_credits, print_json, size_bytes
+from node.storage.db import DamagedDatabase
 from node.storage.home import DEFAULT_LISTEN, Home, HomeError, NodeConfig, ProviderConfig, init_home
 from node.storage.image import host_arch
 from protocol.messages import Arch, Prices, Resources
@@ -37,6 +38,11 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     add_common(init, json_help="print the new node's identity as JSON")
     init.add_argument(
         "--force", action="store_true", help="rewrite an existing config (the key stays)"
+    )
+    init.add_argument(
+        "--convert-key",
+        action="store_true",
+        help="rewrite a cx 0.1 key file (a bare seed) in the checked format, and stop",
     )
     net = init.add_argument_group("network")
     net.add_argument(
@@ -122,6 +128,14 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
 
 
 def _init(args: argparse.Namespace) -> int:
+    if args.convert_key:
+        try:
+            key = Home(args.home.expanduser()).convert_legacy_key()
+        except HomeError as exc:
+            print(f"cx init: {exc}", file=sys.stderr)
+            return 1
+        print(f"converted the key of {args.home}; peer id {key.peer_id}")
+        return 0
     provider = None
     if args.provider:
         provider = ProviderConfig(
@@ -161,10 +175,21 @@ def _node(args: argparse.Namespace) -> int:
     home = Home(args.home.expanduser())
     try:
         trio.run(_serve, home, tuple(args.bootstrap))
-    except HomeError as exc:
-        print(f"cx node: {exc}", file=sys.stderr)
+    except (HomeError, DamagedDatabase, BaseExceptionGroup) as exc:
+        refusal = start_refusal(exc)
+        if refusal is None:
+            raise
+        print(f"cx node: {refusal}", file=sys.stderr)
         return 1
     return 0
+
+
+def start_refusal(exc: BaseException) -> BaseException | None:
+    """The one reason a node refused to start (a bad home, a damaged database), looked
+    for through the exception groups trio wraps it in; None for anything else."""
+    while isinstance(exc, BaseExceptionGroup) and len(exc.exceptions) == 1:
+        exc = exc.exceptions[0]
+    return exc if isinstance(exc, HomeError | DamagedDatabase) else None
 
 
 async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:

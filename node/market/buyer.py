@@ -490,7 +490,8 @@ class Buyer:
     # -- restart -----------------------------------------------------------------------
 
     def _restore(self) -> None:
-        """Rest our bids again and follow the agreements still in flight."""
+        """Rest our bids again and follow the agreements still in flight. A stored row that
+        does not read is set aside (its job ends in ``error``, saying so); the rest go on."""
         now = self.market.now_ms()
         for order_id, kind, wire, expires_ms, job_id in self.db.orders():
             if kind != "bid" or job_id is None:
@@ -498,22 +499,36 @@ class Buyer:
             if expires_ms <= now:
                 self.db.drop_order(order_id)
                 continue
+            try:
+                matches = self.buying.trader.repost(open_signed(wire, Bid), now_ms=now)
+            except ProtocolError as exc:
+                self._set_aside("orders", order_id, job_id, f"its stored bid ({exc})")
+                continue
             self._bid_jobs[order_id] = job_id
-            for match in self.buying.trader.repost(open_signed(wire), now_ms=now):
+            for match in matches:
                 self._on_match(match)
         for row in self.db.agreements():
             if row.role != "buyer":
                 continue
-            state = JobState(row.state)
+            try:
+                state = JobState(row.state)
+                agreement = Agreement.from_wire(row.wire)
+            except (ProtocolError, ValueError) as exc:
+                self._set_aside("agreements", row.id, row.job_id, f"its agreement ({exc})")
+                continue
             if state in (JobState.SETTLED, JobState.ERROR):
                 continue
-            agreement = Agreement.from_wire(row.wire)
             self.buying.resume(agreement, state)
             if state not in ENDED and state is not JobState.RECEIPTED:
                 self._follow(agreement)
         for job in self.db.jobs():
             if job.state == "negotiating":
                 self._event(job.id, "waiting", "node restarted; the bid waits for offers")
+
+    def _set_aside(self, table: str, key: bytes, job_id: str | None, what: str) -> None:
+        self.db.quarantine(table, key, f"unreadable: {what}", self.market.now_ms())
+        if job_id is not None and self.db.job(job_id) is not None:
+            self._event(job_id, "error", f"{what} could not be read; submit the job again")
 
 
 def _refs(items: tuple[DataRef, ...]) -> list[dict[str, Any]]:

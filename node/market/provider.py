@@ -368,7 +368,12 @@ class Provider:
             self._delivering.discard(peer)
 
     async def _deliver(self, item_id: int, agreement_id: bytes, peer: PeerId, wire: bytes) -> bool:
-        is_receipt = isinstance(open_signed(wire).payload, UsageReceipt)
+        try:
+            is_receipt = isinstance(open_signed(wire).payload, UsageReceipt)
+        except ProtocolError as exc:
+            self.db.quarantine("outbox", item_id, f"unreadable: {exc}", self.market.now_ms())
+            return True  # the next message may go
+
         try:
             with trio.fail_after(self.timings.delivery_timeout_s):
                 answer = await request(self.market.net, peer, JOB, wire)
@@ -409,10 +414,17 @@ class Provider:
     def _restore(self) -> None:
         """Take back unsettled agreements; a job the crash interrupted ends as our fault."""
         for row in self.db.agreements():
-            state = JobState(row.state)
-            if row.role != "provider" or state in (JobState.SETTLED, JobState.ERROR):
+            if row.role != "provider":
                 continue
-            agreement = Agreement.from_wire(row.wire)
+            try:
+                state = JobState(row.state)
+                agreement = Agreement.from_wire(row.wire)
+            except (ProtocolError, ValueError) as exc:
+                reason = f"unreadable agreement: {exc}"
+                self.db.quarantine("agreements", row.id, reason, self.market.now_ms())
+                continue
+            if state in (JobState.SETTLED, JobState.ERROR):
+                continue
             self.selling.resume(agreement, state)
             if state in (JobState.AGREED, JobState.TRANSFERRING, JobState.RUNNING):
                 started = " after its container started" if row.started_ms else ""

@@ -24,6 +24,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validat
 
 from node.storage.image import ImageError, import_image
 from node.storage.store import BlobStore
+from protocol.envelope import check_sealable
+from protocol.errors import DecodeError
 from protocol.messages import (
     Arch,
     Bid,
@@ -36,6 +38,7 @@ from protocol.messages import (
     TrustLevel,
     TrustRequirement,
 )
+from protocol.settlement import quote
 
 __all__ = [
     "Input",
@@ -244,7 +247,7 @@ def bid_from_request(request: JobRequest) -> Bid:
         inputs.append(DataRef(digest=item.digest, path=item.path, size=item.size))
     prices = request.max_prices
     try:
-        return Bid(
+        bid = Bid(
             job=JobSpec(
                 image=request.image,
                 command=request.command,
@@ -276,3 +279,14 @@ def bid_from_request(request: JobRequest) -> Bid:
         )
     except ValueError as exc:
         raise RequestError(f"bad job request: {exc}") from exc
+    try:
+        check_sealable(bid)
+    except DecodeError as exc:
+        raise RequestError(f"the bid would be refused by every peer: {exc}") from None
+    budget = quote(bid.max_prices, bid.resources, bid.job.wall_ms)
+    if budget > _INT_MAX:
+        raise RequestError(
+            "max_prices at these resources and wall time make a budget too large to state "
+            f"({budget} micro-credits); lower a price limit, the resources or wall_ms"
+        )
+    return bid

@@ -11,12 +11,17 @@ Rules:
   started agreement with no receipt is known to have been interrupted, never re-run.
 - Calls are short and synchronous (the trio node calls them inline): no statement scans
   more than one node's own history.
+- One bad row never stops a node: a row its reader cannot parse is *quarantined*
+  (:meth:`Database.quarantine`: copied aside with the reason, then deleted, in one
+  transaction) and the node goes on without it. A damaged file (SQLite's own check fails)
+  is :class:`DamagedDatabase`, one line that says what to do.
 """
 
 from __future__ import annotations
 
 import contextlib
 import json
+import logging
 import sqlite3
 from collections.abc import Iterator
 from dataclasses import dataclass, fields
@@ -25,7 +30,9 @@ from typing import Any
 
 from protocol.settlement import LedgerEntry
 
-__all__ = ["AgreementRow", "Database", "JobRow"]
+__all__ = ["AgreementRow", "DamagedDatabase", "Database", "JobRow"]
+
+log = logging.getLogger(__name__)
 
 _SCHEMA = """
 CREATE TABLE IF NOT EXISTS orders (
@@ -62,7 +69,24 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE TABLE IF NOT EXISTS trusted_aks (
     provider BLOB NOT NULL, ak_name BLOB NOT NULL, PRIMARY KEY (provider, ak_name)
 );
+CREATE TABLE IF NOT EXISTS quarantine (
+    id INTEGER PRIMARY KEY AUTOINCREMENT, source TEXT NOT NULL, record TEXT NOT NULL,
+    reason TEXT NOT NULL, at_ms INTEGER NOT NULL
+);
 """
+# The column that names one row of each table a reader may quarantine.
+_KEYS = {
+    "orders": "id",
+    "jobs": "id",
+    "agreements": "id",
+    "receipts": "agreement_id",
+    "ledger": "agreement_id",
+    "outbox": "id",
+}
+
+
+class DamagedDatabase(Exception):
+    """The database file is not one SQLite can use; the message says what to do."""
 
 
 @dataclass(slots=True, kw_only=True)
@@ -107,12 +131,28 @@ class AgreementRow:
 
 class Database:
     def __init__(self, path: Path | str) -> None:
+        """Open (or create) the database at ``path`` and check it.
+
+        Raises:
+            DamagedDatabase: SQLite cannot read it, or its own integrity check fails.
+        """
         self._conn = sqlite3.connect(str(path), isolation_level=None, check_same_thread=False)
-        self._conn.execute("PRAGMA journal_mode=WAL")
-        self._conn.execute("PRAGMA synchronous=FULL")
-        self._conn.execute("PRAGMA foreign_keys=ON")
-        self._conn.executescript(_SCHEMA)
         self._depth = 0
+        try:
+            self._conn.execute("PRAGMA journal_mode=WAL")
+            self._conn.execute("PRAGMA synchronous=FULL")
+            self._conn.execute("PRAGMA foreign_keys=ON")
+            (verdict,) = self._conn.execute("PRAGMA quick_check(1)").fetchone()
+            if verdict != "ok":
+                raise sqlite3.DatabaseError(verdict.replace("*** in database main ***", ""))
+            self._conn.executescript(_SCHEMA)
+        except sqlite3.DatabaseError as exc:
+            self._conn.close()
+            first = str(exc).strip().splitlines()[0] if str(exc).strip() else "unreadable"
+            raise DamagedDatabase(
+                f"{path} is damaged ({first}); restore it from a backup, or move it aside to "
+                "start with an empty state (its jobs and ledger are then lost)"
+            ) from None
 
     def close(self) -> None:
         self._conn.close()
@@ -199,6 +239,20 @@ class Database:
                     values[name] = json.loads(values[name])
             out.append(JobRow(**values))
         return out
+
+    def sweep_jobs(self, at_ms: int) -> int:
+        """Quarantine every job row whose stored JSON does not read; how many."""
+        bad = []
+        for job_id, *columns in self._rows("SELECT id, outputs, logs, prices FROM jobs"):
+            try:
+                for text in columns:
+                    if text is not None and not isinstance(json.loads(text), list | dict):
+                        raise ValueError("not a list or object")
+            except ValueError as exc:
+                bad.append((job_id, f"unreadable JSON column: {exc}"))
+        for job_id, reason in bad:
+            self.quarantine("jobs", job_id, reason, at_ms)
+        return len(bad)
 
     def add_event(self, job_id: str, at_ms: int, state: str, detail: str) -> int:
         with self.atomic():
@@ -303,6 +357,38 @@ class Database:
     def outbox(self) -> list[tuple[int, bytes, str, bytes]]:
         """(id, agreement id, peer, wire), in the order they were queued."""
         return [(r[0], r[1], r[2], r[3]) for r in self._rows("SELECT * FROM outbox ORDER BY id")]
+
+    # -- rows set aside ---------------------------------------------------------------
+
+    def quarantine(self, table: str, key: object, reason: str, at_ms: int) -> None:
+        """Set aside the row of ``table`` named by ``key`` (its key column's value): it is
+        copied with ``reason`` into ``quarantine`` and deleted, in one transaction."""
+        column = _KEYS[table]
+        with self.atomic():
+            cursor = self._conn.execute(
+                f"SELECT * FROM {table} WHERE {column} = ?",  # noqa: S608 - names from _KEYS
+                (key,),
+            )
+            names = [d[0] for d in cursor.description]
+            for row in cursor.fetchall():
+                values = zip(names, row, strict=True)
+                record = {n: v.hex() if isinstance(v, bytes) else v for n, v in values}
+                self._conn.execute(
+                    "INSERT INTO quarantine (source, record, reason, at_ms) VALUES (?, ?, ?, ?)",
+                    (table, json.dumps(record), reason, at_ms),
+                )
+            self._conn.execute(f"DELETE FROM {table} WHERE {column} = ?", (key,))  # noqa: S608
+        shown = key.hex() if isinstance(key, bytes) else key
+        log.warning("set aside %s row %s (see its quarantine table): %s", table, shown, reason)
+
+    def quarantined(self) -> list[dict[str, Any]]:
+        """The rows set aside, oldest first: ``{source, record, reason, at_ms}``."""
+        return [
+            {"source": src, "record": json.loads(rec), "reason": why, "at_ms": at}
+            for src, rec, why, at in self._rows(
+                "SELECT source, record, reason, at_ms FROM quarantine ORDER BY id"
+            )
+        ]
 
     # -- attestation keys this buyer trusts -----------------------------------------------
 

@@ -2,7 +2,9 @@
 
 Layout (``cx init`` creates it; everything a node owns is under one directory)::
 
-    key             32-byte Ed25519 seed, mode 0600: the node's identity
+    key             the node's Ed25519 key, mode 0600, in libp2p's protobuf form (68
+                    bytes: a type header, the seed, and the public key, which must match
+                    the seed, so a damaged or foreign file is refused)
     config.toml     how it joins the network and, for a provider, what it sells
     node.db         SQLite (WAL): orders, jobs, agreements, receipts, ledger
     store/          content-addressed blobs (images, inputs, outputs, logs)
@@ -21,12 +23,14 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
 from protocol.messages import Arch, Prices, Resources, TrustLevel
 
 __all__ = ["Home", "HomeError", "NodeConfig", "ProviderConfig", "default_home", "init_home"]
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+LEGACY_KEY_SIZE = 32  # cx 0.1 stored the bare seed
 
 
 def default_home() -> Path:
@@ -99,13 +103,46 @@ class Home:
         return self.root / "tpm"
 
     def key(self) -> PrivateKey:
+        """The node's key.
+
+        Raises:
+            HomeError: no key file, or one that is not a whole, self-consistent key.
+        """
         try:
-            seed = self.key_path.read_bytes()
+            data = self.key_path.read_bytes()
         except FileNotFoundError:
             raise HomeError(f"{self.root} has no key; run `cx init --home {self.root}`") from None
-        if len(seed) != 32:
-            raise HomeError(f"{self.key_path} is not a 32-byte key seed")
-        return PrivateKey.from_seed(seed)
+        except OSError as exc:
+            raise HomeError(f"cannot read {self.key_path}: {exc.strerror}") from None
+        if len(data) == LEGACY_KEY_SIZE:
+            raise HomeError(
+                f"{self.key_path} is a bare 32-byte seed, the unchecked key format of cx 0.1; "
+                f"if it is this node's key, convert it: cx init --home {self.root} --convert-key"
+            )
+        try:
+            return PrivateKey.from_libp2p_bytes(data)
+        except ProtocolError:
+            raise HomeError(
+                f"{self.key_path} is not a node key ({len(data)} bytes, damaged or from "
+                "elsewhere); restore it from a backup, or move it aside and `cx init` a new "
+                "identity"
+            ) from None
+
+    def convert_legacy_key(self) -> PrivateKey:
+        """Rewrite a cx 0.1 key file (a bare 32-byte seed) in the checked form.
+
+        Raises:
+            HomeError: there is no such file to convert.
+        """
+        try:
+            seed = self.key_path.read_bytes()
+        except OSError as exc:
+            raise HomeError(f"cannot read {self.key_path}: {exc.strerror}") from None
+        if len(seed) != LEGACY_KEY_SIZE:
+            raise HomeError(f"{self.key_path} is not a 32-byte seed; nothing to convert")
+        key = PrivateKey.from_seed(seed)
+        _write_key(self.key_path, key, replace=True)
+        return key
 
     def config(self) -> NodeConfig:
         try:
@@ -134,11 +171,21 @@ def init_home(root: Path, config: NodeConfig, *, force: bool = False) -> Home:
     root.mkdir(parents=True, exist_ok=True)
     root.chmod(0o711)  # containers run under a mapped uid and must traverse the work dir
     if not home.key_path.exists():
-        fd = os.open(home.key_path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(os.urandom(32))
+        _write_key(home.key_path, PrivateKey.from_seed(os.urandom(32)), replace=False)
     home.save_config(config)
     return home
+
+
+def _write_key(path: Path, key: PrivateKey, *, replace: bool) -> None:
+    """Write ``key`` (mode 0600) durably; with ``replace``, atomically over the old file."""
+    target = path.with_suffix(".new") if replace else path
+    fd = os.open(target, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+    with os.fdopen(fd, "wb") as f:
+        f.write(key.to_libp2p_bytes())
+        f.flush()
+        os.fsync(f.fileno())
+    if replace:
+        os.replace(target, path)
 
 
 # -- TOML: the config is flat enough to write by hand (tomllib only reads) ---------------
