@@ -215,12 +215,21 @@ class Peer:
     async def outputs(self, job_id: str, dest: Path) -> list[Written]:
         """Copy the job's output files under ``dest`` (an absolute directory).
 
-        Raises PeerError for a relative ``dest``, Conflict for an output path that would
-        leave it.
+        Raises PeerError for a relative ``dest`` or one that cannot be written (``/proc``,
+        a file, no permission), Conflict for an output path that would leave it.
         """
         job = self.job(job_id)
-        if not dest.is_absolute():
+        if not dest.is_absolute() or "\x00" in str(dest):
             raise PeerError(f"destination {str(dest)!r} must be an absolute path")
+        try:
+            return await self._copy_outputs(job, dest)
+        except OSError as exc:
+            raise PeerError(
+                f"cannot write the outputs under {dest}: {exc.strerror or exc}; choose a "
+                "directory this node's user may write"
+            ) from None
+
+    async def _copy_outputs(self, job: JobRow, dest: Path) -> list[Written]:
         written = []
         for ref in job.outputs or []:
             rel = (

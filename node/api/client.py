@@ -2,7 +2,7 @@
 
 One method per route; each returns the decoded JSON answer. Errors::
 
-    ApiError (node/api/server.py)    the node answered and refused: status, code, message
+    ApiError (node/api/common.py)    the node answered and refused: status, code, message
     ClientError               we could not get an answer
     ├── NodeNotRunning        no node publishes an API in the home, or nothing listens
     └── BadResponse           something answered, but not as the API does
@@ -19,7 +19,7 @@ from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
 
-from node.api.server import ApiError, read_api_info
+from node.api.common import ApiError, read_api_info
 from node.market.request import JobRequest
 
 __all__ = ["ApiClient", "BadResponse", "ClientError", "NodeNotRunning"]

@@ -14,7 +14,8 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from node.api import views
-from node.api.server import ApiError, clear_api_info, serve_api, write_api_info
+from node.api.common import ApiError, clear_api_info, write_api_info
+from node.api.server import serve_api
 from node.market.request import JobRequest, RequestError
 from node.peer import Conflict, Peer, PeerError, UnknownJob
 

@@ -17,7 +17,7 @@ from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from node.api.client import ApiClient, ClientError
-from node.api.server import ApiError
+from node.api.common import ApiError
 from node.storage.home import default_home
 from protocol.units import MICRO, credits
 

@@ -135,7 +135,7 @@ def _peers(args: argparse.Namespace) -> int:
     rows = [
         (
             p["peer_id"],
-            p.get("score", "-"),
+            f"{p['score']:g}" if isinstance(p.get("score"), int | float) else "-",
             _addrs(p.get("addrs") or []),
         )
         for p in peers

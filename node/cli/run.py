@@ -16,7 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from node.api.client import ApiClient, ClientError
-from node.api.server import ApiError
+from node.api.common import ApiError
 from node.cli.common import (
     add_common,
     client,

@@ -72,20 +72,14 @@ def _utf8(text: str) -> str:
     return text
 
 
-def _absolute(text: str) -> str:
-    if not text.startswith("/") or "\x00" in text:
-        raise ValueError(f"must be an absolute path, not {text!r}")
-    return text
-
-
-def _image(text: str) -> str:
-    if not (_DIGEST.fullmatch(text) or text.startswith("/")):
-        raise ValueError("must be a manifest digest sha256:<64 hex> or an absolute path")
-    return text
-
-
 Text = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
-AbsPath = Annotated[Text, AfterValidator(_absolute)]
+# The JSON Schema states these rules too, so the OpenAPI document says what is accepted.
+AbsPath = Annotated[str, Field(pattern=r"^/[^\x00]*$"), AfterValidator(_utf8)]
+ImageRef = Annotated[
+    str,
+    Field(pattern=r"^(sha256:[0-9a-f]{64}|/[^\x00]*)$"),  # a digest in the store, or an OCI path
+    AfterValidator(_utf8),
+]
 Digest = Annotated[str, Field(pattern=_DIGEST.pattern)]
 Count = Annotated[int, Field(ge=0, le=_INT_MAX)]
 Positive = Annotated[int, Field(ge=1, le=_INT_MAX)]
@@ -109,6 +103,18 @@ class Input(_Frozen):
     (stored when the request is resolved), or a blob in the node's store (``digest`` and
     ``size``)."""
 
+    model_config = ConfigDict(
+        frozen=True,
+        extra="forbid",
+        strict=True,
+        json_schema_extra={
+            "oneOf": [
+                {"required": ["path", "file"], "not": {"required": ["digest"]}},
+                {"required": ["path", "digest", "size"], "not": {"required": ["file"]}},
+            ]
+        },
+    )
+
     path: AbsPath
     file: AbsPath | None = None
     digest: Digest | None = None
@@ -126,7 +132,7 @@ class Input(_Frozen):
 class JobRequest(_Frozen):
     """What to run, with what, for how much, and where it may run."""
 
-    image: Annotated[Text, AfterValidator(_image)]  # a digest in the store, or an OCI path
+    image: ImageRef
     command: tuple[Text, ...] = Field(min_length=1)
     max_prices: MaxPrices
     env: dict[Annotated[Text, Field(pattern=r"^[^=]+$")], Annotated[str, AfterValidator(_utf8)]] = (
@@ -186,6 +192,12 @@ def _plain(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not part of a job request")
 
 
+_PATTERN_HINTS = {
+    "image": "must be a manifest digest sha256:<64 hex> or an absolute path to an OCI layout",
+    "digest": "must be a digest sha256:<64 hex>",
+}
+
+
 def _refusal(exc: pydantic.ValidationError) -> RequestError:
     """The first error, as one line that names the field: ``inputs[0].path: ...``."""
     error = exc.errors(include_url=False, include_input=False)[0]
@@ -199,6 +211,10 @@ def _refusal(exc: pydantic.ValidationError) -> RequestError:
         return RequestError(f"unknown field {where!r}")
     if kind == "model_type" and where == "the request":
         return RequestError("the job request must be a JSON object")
+    if kind == "string_pattern_mismatch":
+        field = str(error["loc"][-1])
+        hint = _PATTERN_HINTS.get(field, "must be an absolute path")
+        return RequestError(f"{where}: {hint}")
     return RequestError(f"{where}: {message[0].lower()}{message[1:]}")
 
 

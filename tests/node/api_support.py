@@ -7,7 +7,7 @@ from pathlib import Path
 
 import trio
 
-from node.api.server import ApiError
+from node.api.common import ApiError
 from node.market.request import JobRequest
 
 TOKEN = "test-token-0123456789"
@@ -86,7 +86,7 @@ class FakeController:
             raise RuntimeError("peer table corrupted")
         return [
             {"peer_id": PEER_A, "score": 12.5, "addrs": ["/ip4/10.0.0.2/tcp/4001"]},
-            {"peer_id": "12D3KooWOther", "score": -3},
+            {"peer_id": "12D3KooWOther", "score": -3, "addrs": []},
         ]
 
     async def submit(self, request: JobRequest) -> dict:
@@ -178,6 +178,7 @@ class FakeController:
                     "memory_gib_hour": 100_000,
                 }
             ],
+            "rejected_gossip": {},
         }
 
     def ledger(self) -> dict:

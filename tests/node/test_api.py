@@ -11,13 +11,8 @@ import pytest
 import trio
 from api_support import NOW_MS, TOKEN, FakeController
 
-from node.api.server import (
-    MAX_WAIT_S,
-    clear_api_info,
-    read_api_info,
-    serve_api,
-    write_api_info,
-)
+from node.api.common import MAX_WAIT_S, clear_api_info, read_api_info, write_api_info
+from node.api.server import build_app, serve_api
 from node.market.request import Input, MaxPrices, RequestError, parse_request
 
 DIGEST = "sha256:" + "ab" * 32
@@ -140,7 +135,7 @@ async def test_each_route_answers_with_its_shape(server, tmp_path):
 
     status, market = await server.request("GET", "/v1/market")
     assert status == 200
-    assert set(market) == {"offers", "bids", "classes", "recent_trades"}
+    assert set(market) == {"offers", "bids", "classes", "recent_trades", "rejected_gossip"}
 
     status, ledger = await server.request("GET", "/v1/ledger")
     assert (status, ledger["balance"]) == (200, -1_500_000)
@@ -171,12 +166,22 @@ async def test_submit_validates_and_fills_defaults(server):
         ({**SUBMIT, "inputs": [{"path": "/in/x"}]}, "inputs[0]"),
         ({**SUBMIT, "max_prices": {"memory_gib_hour": 1}}, "cpu_core_hour"),
         ({**SUBMIT, "env": {"A=B": "1"}}, "env"),
+        # issue 17 D3: integers past what a message holds were 500s
+        ({**SUBMIT, "memory_bytes": 2**70}, "memory_bytes"),
+        ({**SUBMIT, "disk_bytes": 2**64}, "disk_bytes"),
+        ({**SUBMIT, "wall_ms": 10**30}, "wall_ms"),
+        ({**SUBMIT, "max_prices": {"cpu_core_hour": 2**64}}, "cpu_core_hour"),
         ({"image": DIGEST}, "command"),
         ([SUBMIT], "object"),
     ]:
         status, body = await server.request("POST", "/v1/jobs", bad)
         assert (status, error_code(body)) == (400, "bad-request"), bad
         assert field in body["error"]["message"]
+    # issue 17 D3: lone surrogates were 500s; the strict parser refuses such text as JSON
+    for bad in ({**SUBMIT, "name": "\ud800"}, {**SUBMIT, "command": ["\udfff"]}):
+        status, body = await server.request("POST", "/v1/jobs", bad)
+        assert (status, error_code(body)) == (400, "bad-json"), bad
+        assert body["error"]["message"].startswith("the request is not JSON: ")
     assert len(server.fake.submitted) == 1
 
 
@@ -269,7 +274,7 @@ async def test_events_wait_is_capped(server):
     assert server.fake.last_wait_s == MAX_WAIT_S
 
 
-async def test_a_silent_client_gets_408_and_others_are_served(nursery, autojump_clock):
+async def test_a_silent_client_is_disconnected_and_others_are_served(nursery, autojump_clock):
     fake = FakeController()
     port = await nursery.start(partial(serve_api, fake, token=TOKEN, read_timeout_s=5))
     stream = await trio.open_tcp_stream("127.0.0.1", port)
@@ -278,8 +283,58 @@ async def test_a_silent_client_gets_408_and_others_are_served(nursery, autojump_
     while chunk := await stream.receive_some(65536):
         received += chunk
     await stream.aclose()
-    assert received.startswith(b"HTTP/1.1 408 ")
+    assert received == b""  # closed without an answer: it never asked a whole question
     assert (await Server(fake, port).request("GET", "/v1/node"))[0] == 200
+
+
+async def test_idle_unauthenticated_connections_do_not_delay_a_client_with_the_token(nursery):
+    """Issue 17 D7: 100 connections that never finish their headers once held every slot
+    of the server, and a valid request waited for their 10 s read timeout."""
+    fake = FakeController()
+    port = await nursery.start(partial(serve_api, fake, token=TOKEN, read_timeout_s=60))
+    idle = []
+    for _ in range(150):
+        stream = await trio.open_tcp_stream("127.0.0.1", port)
+        await stream.send_all(b"GET /v1/node HTTP/1.1\r\nHost: x\r\n")
+        idle.append(stream)
+    with trio.fail_after(20):  # far below their 60 s: nothing waits for them to time out
+        for _ in range(5):
+            assert (await Server(fake, port).request("GET", "/v1/jobs"))[0] == 200
+    for stream in idle:
+        await stream.aclose()
+
+
+async def test_an_event_index_beyond_any_integer_is_400(server):
+    """Issue 17 D3: ``after`` beyond SQLite's integers was a 500 (OverflowError)."""
+    for after in ("99999999999999999999", str(2**63)):
+        status, body = await server.request("GET", f"/v1/jobs/aaaa0001/events?after={after}")
+        assert (status, error_code(body)) == (400, "bad-request")
+        assert "after" in body["error"]["message"]
+
+
+async def test_the_openapi_document_describes_every_route(server):
+    status, document = await server.request("GET", "/openapi.json")
+    assert status == 200
+    assert document["openapi"].startswith("3.")
+    paths = document["paths"]
+    assert set(paths) == {
+        "/v1/node",
+        "/v1/peers",
+        "/v1/jobs",
+        "/v1/jobs/{job_id}",
+        "/v1/jobs/{job_id}/events",
+        "/v1/jobs/{job_id}/why",
+        "/v1/jobs/{job_id}/logs",
+        "/v1/jobs/{job_id}/outputs",
+        "/v1/jobs/{job_id}/cancel",
+        "/v1/market",
+        "/v1/ledger",
+    }
+    body = paths["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
+    request = document["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]
+    assert {"image", "command", "max_prices"} <= set(request["required"])
+    assert request["additionalProperties"] is False
+    assert document["components"]["securitySchemes"]["bearer"]["scheme"] == "bearer"
 
 
 def test_api_info_round_trip(tmp_path):
@@ -349,3 +404,40 @@ async def test_expect_100_continue_is_answered(server):
         while chunk := await stream.receive_some(65536):
             received += chunk
     assert b"HTTP/1.1 201 " in received
+
+
+def _integers(node: object, where: str = "") -> list[tuple[str, dict]]:
+    """Every integer schema in an OpenAPI document, with where it is."""
+    found = []
+    if isinstance(node, dict):
+        if node.get("type") == "integer":
+            found.append((where, node))
+        for key, value in node.items():
+            found += _integers(value, f"{where}/{key}")
+    elif isinstance(node, list):
+        for i, value in enumerate(node):
+            found += _integers(value, f"{where}/{i}")
+    return found
+
+
+def test_every_integer_the_api_accepts_states_bounds_storage_can_hold():
+    """Issue 17 D3's overflows, as a class: an integer parameter or field without bounds
+    reached SQLite or the canonical encoding and failed there (500). Every integer the
+    API accepts must say its range, within a signed 64-bit integer."""
+    document = build_app(FakeController(), token=TOKEN).openapi()
+    accepted = {
+        "parameters": [
+            p for path in document["paths"].values() for op in path.values()
+            for p in op.get("parameters", [])
+        ],
+        "requests": {
+            name: schema for name, schema in document["components"]["schemas"].items()
+            if name in {"JobRequest", "MaxPrices", "Input", "OutputsRequest"}
+        },
+    }  # fmt: skip
+    integers = _integers(accepted)
+    assert integers, "the walk found no integers at all"
+    for where, schema in integers:
+        assert schema.get("minimum", -(2**64)) >= -(2**63), where
+        assert "maximum" in schema, f"{where} has no maximum"
+        assert schema["maximum"] <= 2**63 - 1, where

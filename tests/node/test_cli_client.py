@@ -15,7 +15,8 @@ import trio
 from api_support import NOW_MS, PEER_A, TOKEN, FakeController
 
 from node.api.client import ApiClient, NodeNotRunning
-from node.api.server import ApiError, serve_api, write_api_info
+from node.api.common import ApiError, write_api_info
+from node.api.server import serve_api
 from node.cli import main
 from node.cli.common import credits, parse_credits, table
 from node.market.request import build_request
@@ -308,7 +309,7 @@ async def test_client_raises_the_servers_error(node):
     # Ids travel quoted: a slash cannot reach another route.
     with pytest.raises(ApiError) as err:
         await trio.to_thread.run_sync(client.why, "aaaa0001/../../node")
-    assert err.value.code == "unknown-job"
+    assert (err.value.status, err.value.code) == (404, "not-found")
 
 
 def test_credit_formatting_and_tables():

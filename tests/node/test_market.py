@@ -42,7 +42,7 @@ from node.api import views
 from node.clock import Timings
 from node.net.memnet import serve_memory_network
 from node.net.wire import OFFERS_TOPIC
-from node.peer import Conflict
+from node.peer import Conflict, PeerError
 from protocol.envelope import Signed, domain_of, open_signed, seal
 from protocol.errors import Reason
 from protocol.identity import PrivateKey
@@ -81,6 +81,9 @@ async def test_buyer_runs_a_job_on_a_provider_it_learned_of_through_a_third_node
 
         written = await buyer.peer.outputs(job_id, tmp_path / "out")
         assert [w.path for w in written] == ["/out/greeting"]
+        for nowhere in ("/proc/self", "/dev/null", "/proc/1/none"):  # issue 17 D3: were 500s
+            with pytest.raises(PeerError, match="cannot write the outputs"):
+                await buyer.peer.outputs(job_id, Path(nowhere))
         assert (tmp_path / "out" / "greeting").read_text() == "hello\n"
         assert await buyer.peer.logs(job_id) == {"stdout": "to-stdout\n", "stderr": "oops\n"}
 
