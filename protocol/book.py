@@ -7,8 +7,9 @@ Rules:
 - Price-time priority. Against an incoming bid, the offer with the lowest quote for it wins;
   against an incoming offer, the bid with the highest budget wins. Ties break by the signed
   issue time, then by order id, so every node ranks the same book the same way.
-- A trade happens at the resting order's unit prices, and only if every unit price the bid
-  pays is within the bid's limit. The agreement's cap is the quote at those prices.
+- A trade happens at the offer's unit prices, whichever order came first (the bid's limits
+  are caps), and only if every unit price the bid pays is within the bid's limit. The
+  agreement's cap is the quote at those prices.
 - Only active orders (this node's own, or ones it chose to take) start matches; a passive
   order from gossip only rests, and is matched when an active counter-order meets it.
 - Every constraint of the bid is respected. ``explain`` says, per constraint, how many offers
@@ -174,12 +175,8 @@ class OrderBook:
             (b for b in bids if b.order.expires_ms > now_ms),
             key=lambda b: (-b.budget, b.order.issued_ms, b.order.id),
         )
-        # Bids rested, so each trades at its own price limits; capacity shrinks as we go.
-        return [
-            self._fill(b, resting, b.bid.max_prices)
-            for b in candidates
-            if _fits(b.bid, resting, reputation)
-        ]
+        # Every bid trades at the offer's prices; capacity shrinks as we go.
+        return [self._fill(b, resting) for b in candidates if _fits(b.bid, resting, reputation)]
 
     def add_bid(
         self,
@@ -226,9 +223,7 @@ class OrderBook:
         )
         if best is None:
             return []
-        offer = self.offers[best[2]]
-        # the offer rested, so the trade is at the offer's prices
-        return [self._fill(resting_bid, offer, offer.offer.prices)]
+        return [self._fill(resting_bid, self.offers[best[2]])]
 
     def _rest(self, order_id: MessageId, expires_ms: int, active: bool) -> None:
         heapq.heappush(self._expiry, (expires_ms, order_id))
@@ -262,7 +257,8 @@ class OrderBook:
         if offer is not None:
             offer.remaining = offer.remaining.plus(need)
 
-    def _fill(self, bid: RestingBid, offer: RestingOffer, prices: Prices) -> Match:
+    def _fill(self, bid: RestingBid, offer: RestingOffer) -> Match:
+        prices = offer.offer.prices
         need = bid.bid.resources
         self.reserve(offer.order.id, need)
         self._pending[bid.order.id] = self.bids.pop(bid.order.id)

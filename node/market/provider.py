@@ -18,6 +18,7 @@ buyer bids for it elsewhere.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
@@ -44,6 +45,7 @@ from protocol.messages import (
     JobSpec,
     JobState,
     Offer,
+    Prices,
     Resources,
     Terms,
     TrustLevel,
@@ -155,6 +157,18 @@ class Provider:
             )
             if cancel is not None:
                 await self.market.publish(cancel)
+
+    async def set_offer(
+        self, *, prices: Prices | None = None, capacity: Resources | None = None
+    ) -> None:
+        """Sell at new unit prices, or a new capacity, from now on: a fresh offer replaces the
+        current one (jobs running keep the terms they agreed)."""
+        self.config = dataclasses.replace(
+            self.config,
+            prices=prices or self.config.prices,
+            capacity=capacity or self.config.capacity,
+        )
+        await self._post_offer()
 
     async def _refresh_offer(self) -> None:
         while True:

@@ -188,8 +188,8 @@ async def test_a_standing_bid_waits_with_a_reason_then_matches_a_provider_that_j
         done = await finished(buyer, job_id)
         assert done["state"] == "succeeded", "\n".join(events(buyer, job_id))
         assert done["provider"] == cheap.peer_id
-        # The bid rested and the offer came to it: the trade is at the bid's own limit.
-        assert done["price"]["cpu_core_hour"] == limit
+        # The bid rested and the offer came to it: still the trade is at the provider's ask.
+        assert done["price"]["cpu_core_hour"] == 40_000_000
         assert buyer.peer.why(job_id).text.startswith("the job is succeeded")
 
 
@@ -263,6 +263,9 @@ async def test_a_restarted_provider_reports_the_interrupted_job_as_its_fault_and
         log = events(buyer, job_id)
         assert done["state"] == "succeeded", "\n".join(log)
         assert done["attempts"] == 2
+        # The second run's bid waited for the restarted provider's new offer, and paid its
+        # ask, as the first run did; it once paid its own limit, ten times as much.
+        assert done["price"]["cpu_core_hour"] == PRICE
         assert "provider-fault: exit -1 (provider-fault)" in log
         assert log.index("settled: receipt countersigned: paid 0") < log.index(
             "provider-fault: exit -1 (provider-fault)"
@@ -442,25 +445,27 @@ async def test_a_better_paying_bid_preempts_a_cheap_preemptible_job_which_is_bid
         cheap = await submit(thrifty, c.image, "sleep 30", price=100_000_000, preemptible=True)
         assert (await state(thrifty, cheap["id"], "running"))["price"]["cpu_core_hour"] == PRICE
 
-        # The eager bid rests first, so it trades at its own (higher) limit once it sees the
-        # offer; the provider's book shows no room, so it must preempt to accept.
+        # Demand rises: the full provider asks more, and an eager buyer pays that; its book
+        # shows no room, so the provider preempts the job that pays the old, lower price.
+        assert provider.peer.provider is not None
+        await provider.peer.provider.set_offer(prices=Prices(cpu_core_hour=150_000_000))
         urgent = await submit(eager, c.image, "sleep 30", price=200_000_000)
         await eager.peer.join(provider.addr)
         running = await state(eager, urgent["id"], "running")
         assert running["provider"] == provider.peer_id
-        assert running["price"]["cpu_core_hour"] == 200_000_000
+        assert running["price"]["cpu_core_hour"] == 150_000_000
 
-        await until(
-            lambda: "waiting: no provider agreed yet" in " | ".join(events(thrifty, cheap["id"])),
-            thrifty,
-        )
+        await until(lambda: "waiting: bidding again" in events(thrifty, cheap["id"]), thrifty)
         log = events(thrifty, cheap["id"])
         assert any(e.startswith("preempted: ") for e in log), log
         assert log.index("waiting: bidding again") > max(
             i for i, e in enumerate(log) if e.startswith("preempted: ")
         )
-        assert f"negotiating: {provider.peer_id} rejected: no-capacity" in " | ".join(log)
         after = job(thrifty, cheap["id"])
         assert after["state"] == "waiting"
         assert after["exit_reason"] == "preempted"
         assert [e["payee"] for e in ledger(thrifty)["entries"]] == [provider.peer_id]
+        # It bids again at its own limit, now below the provider's ask, and says so.
+        assert thrifty.peer.why(cheap["id"]).text.endswith(
+            "CPU costs at least 150.00 credits per core-hour, your limit is 100.00"
+        )

@@ -31,6 +31,7 @@ from market_support import (
 from node.clock import Timings
 from node.storage.home import Home
 from node.storage.store import BlobStore
+from protocol.messages import Prices
 
 T0 = 1_800_000_000_000  # protocol time at the start of every run
 
@@ -116,10 +117,10 @@ async def test_offers_are_reposted_before_they_expire_and_the_old_ones_withdrawn
 async def test_a_better_paying_bid_preempts_in_virtual_time_and_the_victim_runs_again(
     clock: trio.testing.MockClock, image_layout: Path
 ) -> None:
-    """The provider's preemption decision (protocol.selling) acted on by the node: the
-    cheaper preemptible job stops, is settled for its run, bid again, and runs to its end
-    once the dear job has finished (its provider refused it for lack of room, so it comes
-    back when the provider re-posts its offer: within a minute here)."""
+    """The provider's preemption decision (protocol.selling) acted on by the node: once the
+    full provider asks more, the preemptible job agreed at the old price stops, is settled
+    for its run and bid again at its own limit, and runs to its end once the dear job has
+    finished and the provider asks its old price again."""
     runners: dict[Path, FakeRunner] = {}
     async with virtual(image_layout, runners) as c:
         provider = await c.provider("provider", price=PRICE, cpu_milli=500, offer_ttl_ms=60_000)
@@ -127,10 +128,14 @@ async def test_a_better_paying_bid_preempts_in_virtual_time_and_the_victim_runs_
         await thrifty.peer.join(provider.addr)
         cheap = (await submit(thrifty, c.image, "sleep 30", preemptible=True))["id"]
         await state(thrifty, cheap, "running")
+        assert provider.peer.provider is not None
+        await provider.peer.provider.set_offer(prices=Prices(cpu_core_hour=150_000_000))
         urgent = (await submit(eager, c.image, "sleep 10", price=200_000_000))["id"]
         await eager.peer.join(provider.addr)
 
         assert (await finished(eager, urgent))["state"] == "succeeded"
+        # Demand falls again; the provider's ask with it, and the preempted job comes back.
+        await provider.peer.provider.set_offer(prices=Prices(cpu_core_hour=PRICE))
         done = await finished(thrifty, cheap)
         log = events(thrifty, cheap)
         assert done["state"] == "succeeded", "\n".join(log)

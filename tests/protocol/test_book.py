@@ -9,6 +9,7 @@ from hypothesis import strategies as st
 from protocol.book import OrderBook
 from protocol.envelope import seal
 from protocol.messages import Arch, Constraints, Resources, TrustLevel, TrustRequirement
+from protocol.settlement import quote
 
 nonce = Nonces("book")
 
@@ -28,12 +29,27 @@ def test_best_price_wins_then_earliest_then_id():
     assert match.offer.id == cheap_early.id
 
 
-def test_resting_bid_trades_at_its_own_limits():
+def test_a_bid_that_waited_pays_the_offers_prices_not_its_limit():
+    """spec/matching.md revision 2 (issue 17): a bid resting when an offer arrives trades at
+    the offer's prices, as one that arrives after the offer does; before, it paid its own
+    limit, and a job bid again after a provider fault cost ten times its first run."""
     book = OrderBook()
-    resting = signed(bid(cpu_limit=150_000), "buyer")
+    resting = signed(bid(cpu_limit=1_000_000, mem_limit=100_000), "buyer")
     book.add_bid(resting, now_ms=T0, active=True)
-    [match] = book.add_offer(signed(offer(cpu_price=100_000)), now_ms=T0)
-    assert match.prices == resting.payload.max_prices
+    arriving = signed(offer(cpu_price=100_000, mem_price=10_000))
+    [match] = book.add_offer(arriving, now_ms=T0)
+    assert match.prices == arriving.payload.prices
+    assert match.max_cost == quote(arriving.payload.prices, match.resources, HOUR_MS)
+
+
+def test_bids_waiting_for_capacity_are_served_highest_limit_first():
+    book = OrderBook()
+    thrifty = signed(bid(cpu_limit=200_000, cpu_milli=3000), "thrifty")
+    eager = signed(bid(cpu_limit=900_000, cpu_milli=3000), "eager")
+    for order in (thrifty, eager):
+        book.add_bid(order, now_ms=T0, active=True)
+    [match] = book.add_offer(signed(offer(cpu_milli=4000)), now_ms=T0)
+    assert match.bid.id == eager.id  # priority by what a bid would pay, price by the ask
 
 
 def test_passive_orders_only_rest():

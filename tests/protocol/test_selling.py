@@ -168,7 +168,7 @@ def _terms(buyer, nonce, *, cpu_limit, preemptible=False):
 
 def test_preemption_for_a_proposal_considers_only_live_jobs(market):
     buyer, provider, nonce = market
-    # the cheap preemptible bid rests first, so it trades at its own limit of 60_000
+    # the cheap preemptible bid trades at the provider's ask of then, 50_000
     cheap_bid = replace(bid(cpu_limit=60_000), preemptible=True)
     buyer.trader.post(cheap_bid, nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
     posted = provider.post_offer(
@@ -177,7 +177,7 @@ def test_preemption_for_a_proposal_considers_only_live_jobs(market):
     _, [match] = buyer.trader.receive_order(posted.wire, now_ms=T0)
     proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
     cheap = _agree(buyer, provider, nonce, provider.receive_proposal(proposal.wire, now_ms=T0).id)
-    assert cheap.terms.prices.cpu_core_hour == 60_000
+    assert cheap.terms.prices.cpu_core_hour == 50_000
     # demand rose: the provider asks 150_000 now, and a dear bid takes that
     _offer(buyer, provider, nonce, cpu_milli=1000, cpu_price=150_000)
     assert _remaining(provider).cpu_milli == 0
