@@ -99,7 +99,10 @@ def test_missing_counters_read_as_zero(tmp_path):
     ("obs", "reason"),
     [
         ({"exit_code": 0}, ExitReason.SUCCESS),
-        ({"exit_code": 0, "oom_kills": 1}, ExitReason.SUCCESS),
+        # a child OOM-killed (dd into the memory-backed /tmp) while the job exits 0: the
+        # exit reason says so, not success (issue 17)
+        ({"exit_code": 0, "oom_kills": 1}, ExitReason.OOM),
+        ({"exit_code": 0, "pids_limit_hits": 1}, ExitReason.SUCCESS),
         ({"exit_code": 3}, ExitReason.NONZERO_EXIT),
         ({"exit_code": 137, "oom_kills": 1}, ExitReason.OOM),
         ({"exit_code": 137, "timed_out": True}, ExitReason.TIMEOUT),

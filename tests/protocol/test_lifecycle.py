@@ -8,6 +8,7 @@ from factories import HOUR_MS, T0, Nonces, bid, key, offer
 from protocol.buying import Buying
 from protocol.errors import InvalidMessage, Reason
 from protocol.messages import (
+    LOG_CAP_BYTES,
     Accept,
     DataRef,
     ExitReason,
@@ -197,6 +198,45 @@ def test_receipt_logs_are_stdout_and_stderr_at_most_once(pair, paths):
             exit_reason=ExitReason.SUCCESS,
             exit_code=0,
             logs=logs,
+            nonce=nonce(),
+            now_ms=T0 + 9,
+        )
+
+
+def test_a_cut_log_is_marked_in_the_receipt_the_buyer_countersigns(pair):
+    buyer, provider, nonce = pair
+    agreement = _trade_until_agreed(buyer, provider, nonce)
+    _run(buyer, provider, agreement, nonce)
+    stdout = DataRef(digest="sha256:" + "ef" * 32, path="/dev/stdout", size=LOG_CAP_BYTES)
+    stderr = DataRef(digest="sha256:" + "0f" * 32, path="/dev/stderr", size=5)
+    receipt = provider.issue_receipt(
+        agreement.id,
+        usage=Usage(wall_ms=1000, cpu_us=1000),
+        exit_reason=ExitReason.SUCCESS,
+        exit_code=0,
+        logs=(stdout, stderr),
+        truncated_logs=("/dev/stdout",),
+        nonce=nonce(),
+        now_ms=T0 + 9,
+    )
+    countersigned = buyer.receive_receipt(receipt.wire, now_ms=T0 + 10)
+    assert countersigned.receipt.payload.truncated_logs == ("/dev/stdout",)
+
+
+@pytest.mark.parametrize("cut", [("/dev/stderr",), ("/dev/stdout", "/dev/stdout")])
+def test_only_a_log_the_receipt_carries_can_be_marked_cut_once(pair, cut):
+    buyer, provider, nonce = pair
+    agreement = _trade_until_agreed(buyer, provider, nonce)
+    _run(buyer, provider, agreement, nonce)
+    stdout = DataRef(digest="sha256:" + "ef" * 32, path="/dev/stdout", size=1)
+    with pytest.raises(ValueError, match="truncated_logs"):
+        provider.issue_receipt(
+            agreement.id,
+            usage=Usage(wall_ms=1000, cpu_us=1000),
+            exit_reason=ExitReason.SUCCESS,
+            exit_code=0,
+            logs=(stdout,),
+            truncated_logs=cut,
             nonce=nonce(),
             now_ms=T0 + 9,
         )
