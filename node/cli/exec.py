@@ -1,7 +1,8 @@
 """``cx exec``: run one job locally from the store, exactly as a provider would, no network.
 
 Progress goes to stderr, the result (a table, or ``--json``) to stdout. Exit status: the
-job's own exit code when it ran (0 on success), 2 for unusable input, 3 for a provider fault.
+job's own exit code when it ran (0 on success), 2 for unusable input (a limit outside
+protocol.limits' bounds among it: refused before anything runs), 3 for a provider fault.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ import trio
 from node.cli.image import add_home_option, resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
 from node.storage.image import ImageError
+from protocol.errors import InvalidMessage
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
 
 __all__ = ["register"]
@@ -29,6 +31,17 @@ EXIT_INPUT = 2
 EXIT_FAULT = 3
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TIME = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+# The option a user typed for each field protocol.limits names.
+_OPTION = {
+    "resources.cpu_milli": "--cpu",
+    "resources.memory_bytes": "--memory",
+    "resources.disk_bytes": "--disk",
+    "job.wall_ms": "--timeout",
+    "job.max_output_bytes": "--max-output",
+    "job.output_path": "--output-path",
+    "checkpoint.path": "--checkpoint-dir",
+    "pids_limit": "--pids",
+}
 
 
 def _bytes(text: str) -> int:
@@ -95,6 +108,10 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     try:
         return trio.run(_exec, args, tuple(command))
+    except InvalidMessage as exc:  # a limit out of bounds: say which option
+        _, field, why = str(exc).split(": ", 2)
+        print(f"cx exec: {_OPTION.get(field, field)}: {why}", file=sys.stderr)
+        return EXIT_INPUT
     except (ImageError, CapacityExceeded, ValueError, OSError) as exc:
         print(f"cx exec: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -111,6 +128,15 @@ async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
             runtime=args.runtime,
         )
     )
+    try:
+        return await _exec_with(executor, args, resources, command)
+    finally:
+        executor.close()
+
+
+async def _exec_with(
+    executor: Executor, args: argparse.Namespace, resources: Resources, command: tuple[str, ...]
+) -> int:
     image = resolve_image(executor.store, args.image)
     inputs = []
     for item in args.input:
@@ -177,6 +203,7 @@ def _as_json(r: JobResult) -> dict[str, Any]:
         "checkpoint": r.checkpoint,
         "stdout": r.stdout,
         "stderr": r.stderr,
+        "truncated_logs": list(r.truncated_logs),
         "detail": r.detail,
     }
 
@@ -195,6 +222,8 @@ def _table(executor: Executor, r: JobResult) -> str:
     ]
     if r.checkpoint:
         rows.append(("checkpoint", r.checkpoint))
+    if r.truncated_logs:
+        rows.append(("logs cut at 8 MiB", ", ".join(r.truncated_logs)))
     if r.detail:
         rows.append(("detail", r.detail))
     rows += [(f"output {o.path}", f"{o.digest} ({o.size} bytes)") for o in r.outputs]

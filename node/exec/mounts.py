@@ -16,8 +16,6 @@ import os
 from pathlib import Path
 
 __all__ = [
-    "bind_over",
-    "make_private_namespace",
     "mount_overlay",
     "mount_tmpfs",
     "prctl_subreaper",
@@ -36,11 +34,7 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
-MS_BIND = 0x1000
-MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
 MNT_DETACH = 0x2
-CLONE_NEWNS = 0x00020000
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -71,22 +65,11 @@ def mount_overlay(target: Path, *, lower: Path, upper: Path, work: Path) -> None
     _mount("overlay", target, "overlay", 0, f"lowerdir={lower},upperdir={upper},workdir={work}")
 
 
-def bind_over(source: Path, target: Path) -> None:
-    _mount(str(source), target, None, MS_BIND, "")
-
-
 def unmount(target: Path) -> None:
     """Detach ``target``; a path that is not mounted is fine."""
     rc = _libc.umount2(str(target).encode(), MNT_DETACH)
     if rc != 0 and ctypes.get_errno() not in (22, 2):  # EINVAL: not a mount; ENOENT
         _check(rc, f"umount {target}")
-
-
-def make_private_namespace() -> None:
-    """Move the calling (single-threaded, e.g. just-forked) process into a private mount
-    namespace whose mounts do not propagate back to the host."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _mount("none", "/", None, MS_REC | MS_PRIVATE, "")
 
 
 def prctl_subreaper() -> None:
