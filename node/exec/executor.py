@@ -50,6 +50,7 @@ import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import trio
 
@@ -57,6 +58,7 @@ from node.exec import mounts
 from node.exec.cgroups import CgroupMode, Counters, detect_hierarchies, read_counters
 from node.exec.gpu import GpuDevice, wire_gpus
 from node.exec.janitor import Janitor
+from node.exec.jobsdir import JobsDir
 from node.exec.ocispec import Bind, JobConfig, build_config
 from node.exec.runtime import Runtime, RuntimeFault, choose_runtime
 from node.storage.image import ID_MAP_BASE, RootfsCache, image_config
@@ -116,6 +118,16 @@ class JobResult:
     detail: str = ""
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Gathered:
+    counters: Counters
+    output_bytes: int
+    outputs: tuple[DataRef, ...]
+    checkpoint: str | None
+    logs: tuple[str | None, ...]  # stdout, stderr
+    truncated_logs: tuple[str, ...]
+
+
 @dataclass(slots=True)
 class _Running:
     stop: trio.Event = field(default_factory=trio.Event)
@@ -152,23 +164,25 @@ class Executor:
         self.store = BlobStore(config.store_root)
         self.rootfs = RootfsCache(self.store)
         self._unpacking = trio.Lock()  # one unpack at a time: concurrent jobs share it
-        self.jobs_dir = config.work_root / "jobs"
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        config.work_root.mkdir(parents=True, exist_ok=True)
         config.work_root.chmod(0o711)
-        self.jobs_dir.chmod(0o711)
         for root in (config.store_root, config.work_root):
             _check_searchable(root)
         self.cgroups = detect_hierarchies()
         self.mode = self.cgroups.mode
-        self.runtime: Runtime = choose_runtime(
-            self.mode, config.work_root, self.jobs_dir, config.runtime
-        )
+        self.runtime: Runtime = choose_runtime(self.mode, config.work_root, config.runtime)
+        self.jobs_dir = config.work_root / "jobs"
+        self._jobs = JobsDir(self.jobs_dir)  # a shared tmpfs, until close()
+        self._jobs.open()
         self._in_use = Resources(cpu_milli=0, memory_bytes=0, disk_bytes=0, gpus=0)
         self._free_gpus = list(config.gpus)
         self._running: dict[str, _Running] = {}
         self._janitor = Janitor()
-        self._swap = self._swap_accounting()
-        self._block_dev = _block_device(config.store_root)
+        self._image_configs: dict[str, dict[str, Any]] = {}
+        # What every job's config.json says about this host (bench/executor.py uses the same).
+        self.swap_accounting = self._swap_accounting()
+        v2 = self.mode is CgroupMode.V2
+        self.block_device = None if v2 else _block_device(config.store_root)
         mounts.prctl_subreaper()
         log.info(
             "executor: cgroup %s, runtime %s, capacity %s",
@@ -195,18 +209,18 @@ class Executor:
         for job in self.jobs_dir.iterdir():
             self._janitor.submit(job.name, functools.partial(self._clean_up, None, job))
         await self.settled()
-        # Ready for the first job; a bind a dead helper left is taken over and released.
-        await self.runtime.ready()
+        await self.runtime.ready()  # the first job need not wait for the namespace helper
 
     async def settled(self) -> None:
         """Wait until every job that has ended is cleaned up."""
         await trio.to_thread.run_sync(self._janitor.drain)
 
     def close(self) -> None:
-        """Finish the cleanups under way, then stop the runtime's helper process, if any;
-        the executor can still be used. Blocks."""
+        """Finish the cleanups under way, stop the runtime's helper process, if any, and
+        let go of the jobs tmpfs. Blocks; the executor is not to be used afterwards."""
         self._janitor.drain()
         self.runtime.close()
+        self._jobs.close()
 
     def preempt(self, job_id: str) -> bool:
         """Ask a running job to stop (declared signal, grace, kill). False if not running."""
@@ -266,7 +280,6 @@ class Executor:
         started = False
         t_start: float | None = None
         try:
-            await self.runtime.ready()  # before the job's mounts: the namespace must see them
             if job.exists():  # the same id ran before and is still being cleaned up
                 await self.settled()
             job.mkdir(mode=0o711)
@@ -294,10 +307,9 @@ class Executor:
             finally:
                 os.close(pidfd)
             wall_ms = int((time.monotonic() - t_start) * 1000)
-            counters = read_counters(self.cgroups.job(_cgroup_path(job_id)))
             say("collecting outputs")
             return await self._collect(
-                job_id, job, spec, checkpoint, status, counters, wall_ms, timed_out, preempted
+                job_id, job, spec, checkpoint, status, wall_ms, timed_out, preempted
             )
         except Exception as exc:  # per-job top: a provider fault, never the buyer's job
             log.exception("job %s: provider fault", job_id)
@@ -344,7 +356,8 @@ class Executor:
             if lower is None:
                 say(f"unpacking image {spec.image[:19]}")
                 lower = await trio.to_thread.run_sync(self.rootfs.unpack, spec.image)
-        img = image_config(self.store, spec.image)
+        img = self._image_configs.get(spec.image) or image_config(self.store, spec.image)
+        self._image_configs[spec.image] = img  # an image never changes under its digest
         for sub in ("root", "upper", "work", "out", *_LOGS):
             (job / sub).mkdir()
         os.chown(job / "upper", ID_MAP_BASE, ID_MAP_BASE)
@@ -387,20 +400,12 @@ class Executor:
                 memory_bytes=resources.memory_bytes,
                 pids_limit=self.config.pids_limit,
                 network=spec.network,
-                swap_accounting=self._swap,
+                swap_accounting=self.swap_accounting,
                 binds=binds,
                 devices=wiring.devices,
-                block_device=self._block_dev if self.mode is not CgroupMode.V2 else None,
+                block_device=self.block_device,
+                scratch_bytes=resources.disk_bytes or _DEFAULT_SCRATCH,
             )
-        )
-        scratch = resources.disk_bytes or _DEFAULT_SCRATCH
-        cfg["mounts"].append(
-            {
-                "destination": "/tmp",  # noqa: S108 - the container's own tmpfs
-                "type": "tmpfs",
-                "source": "tmpfs",
-                "options": ["nosuid", "nodev", "mode=1777", f"size={scratch}"],
-            }
         )
         (job / "config.json").write_text(json.dumps(cfg))
         return job
@@ -452,28 +457,13 @@ class Executor:
         spec: JobSpec,
         checkpoint: Checkpoint | None,
         code: int,
-        counters: Counters,
         wall_ms: int,
         timed_out: bool,
         preempted: bool,
     ) -> JobResult:
-        out_bytes = await trio.to_thread.run_sync(_tree_bytes, job / "out", spec.max_output_bytes)
-        outputs: tuple[DataRef, ...] = ()
-        if out_bytes <= spec.max_output_bytes:
-            outputs = await trio.to_thread.run_sync(
-                _store_outputs, self.store, job / "out", spec.output_path
-            )
-        ckpt_digest = None
-        if checkpoint is not None:
-            ckpt_digest = await trio.to_thread.run_sync(_store_checkpoint, self.store, job / "ckpt")
-        kept = await trio.to_thread.run_sync(
-            lambda: [self._store_log(job / name / "log") for name in _LOGS]
-        )
-        logs = [digest for digest, _ in kept]
-        truncated = tuple(path for path, (_, cut) in zip(LOG_PATHS, kept, strict=True) if cut)
-        keep = [o.digest for o in outputs] + [d for d in [ckpt_digest, *logs] if d]
-        if keep:
-            self.store.pin(f"job/{job_id}", keep)
+        # All the reading and storing in one trip to a worker thread.
+        got = await trio.to_thread.run_sync(self._gather, job_id, job, spec, checkpoint)
+        counters = got.counters
         reason = classify(
             Observation(
                 exit_code=code,
@@ -481,7 +471,7 @@ class Executor:
                 pids_limit_hits=counters.pids_limit_hits,
                 timed_out=timed_out,
                 preempted=preempted,
-                output_bytes=out_bytes,
+                output_bytes=got.output_bytes,
                 max_output_bytes=spec.max_output_bytes,
             )
         )
@@ -493,7 +483,7 @@ class Executor:
             io_write_bytes=counters.io_write_bytes,
             pids_peak=counters.pids_peak,
             oom_kills=counters.oom_kills,
-            checkpoint_ms=wall_ms if ckpt_digest else 0,
+            checkpoint_ms=wall_ms if got.checkpoint else 0,
         )
         log.info("job %s: %s (exit %d) %s", job_id, reason.value, code, usage)
         return JobResult(
@@ -501,11 +491,36 @@ class Executor:
             exit_reason=reason,
             exit_code=code,
             usage=usage,
+            outputs=got.outputs,
+            checkpoint=got.checkpoint,
+            stdout=got.logs[0],
+            stderr=got.logs[1],
+            truncated_logs=got.truncated_logs,
+        )
+
+    def _gather(
+        self, job_id: str, job: Path, spec: JobSpec, checkpoint: Checkpoint | None
+    ) -> _Gathered:
+        """Usage counters, outputs, checkpoint and logs of an ended job, stored and pinned.
+        Blocks (a worker thread)."""
+        counters = read_counters(self.cgroups.job(_cgroup_path(job_id)))
+        out_bytes = _tree_bytes(job / "out", spec.max_output_bytes)
+        outputs: tuple[DataRef, ...] = ()
+        if out_bytes <= spec.max_output_bytes:
+            outputs = _store_outputs(self.store, job / "out", spec.output_path)
+        ckpt = _store_checkpoint(self.store, job / "ckpt") if checkpoint is not None else None
+        kept = [self._store_log(job / name / "log") for name in _LOGS]
+        logs = tuple(digest for digest, _ in kept)
+        keep = [o.digest for o in outputs] + [d for d in [ckpt, *logs] if d]
+        if keep:
+            self.store.pin(f"job/{job_id}", keep)
+        return _Gathered(
+            counters=counters,
+            output_bytes=out_bytes,
             outputs=outputs,
-            checkpoint=ckpt_digest,
-            stdout=logs[0],
-            stderr=logs[1],
-            truncated_logs=truncated,
+            checkpoint=ckpt,
+            logs=logs,
+            truncated_logs=tuple(p for p, (_, cut) in zip(LOG_PATHS, kept, strict=True) if cut),
         )
 
     def _store_log(self, path: Path) -> tuple[str | None, bool]:

@@ -3,14 +3,13 @@ in the private mount namespace of a cgroup v1 hybrid host go to one long-lived h
 process instead of each forking the whole node into a fresh namespace.
 
 Rules:
-- The helper must start before the first job mount under ``jobs_dir`` (its shared bind
-  would hide mounts made before it): the executor calls :meth:`MountNamespace.start`
-  before it prepares a job. It starts again if it has died. One request at a time (a
-  lock), from a worker thread: blocking pipes work in any trio run, and an executor
-  outlives several (each pytest-trio test, each ``trio.run`` of a benchmark).
-- :meth:`MountNamespace.close` ends it: it then removes the bind mount it made if no job
-  mount is left under it. If the node dies first, or drops the handle, the helper sees
-  its input close and does the same.
+- It sees the job mounts made under a shared mount (the executor's jobs tmpfs,
+  ``jobsdir``), also those made before it started. It starts on first use, or
+  :meth:`MountNamespace.start`, and again if it has died. One request at a time (a lock),
+  from a worker thread: blocking pipes work in any trio run, and an executor outlives
+  several (each pytest-trio test, each ``trio.run`` of a benchmark).
+- :meth:`MountNamespace.close` ends it; so does the node's death, or dropping the handle
+  (its input closes).
 - Failures raise :class:`NamespaceFault` (an OSError) with the helper's own words.
 """
 
@@ -36,11 +35,10 @@ class NamespaceFault(OSError):
 
 
 class MountNamespace:
-    """A private mount namespace that sees the job mounts made under ``jobs_dir`` and
-    hides the cgroup2 controllers behind ``empty`` (an empty file)."""
+    """A private mount namespace that hides the cgroup2 controllers behind ``empty`` (an
+    empty file)."""
 
-    def __init__(self, jobs_dir: Path, empty: Path) -> None:
-        self.jobs_dir = jobs_dir
+    def __init__(self, empty: Path) -> None:
         self.empty = empty
         self._lock = threading.Lock()
         self._proc: subprocess.Popen[str] | None = None
@@ -76,7 +74,7 @@ class MountNamespace:
         return rc
 
     def close(self) -> None:
-        """End the helper (it removes its bind mount first); waits for it."""
+        """End the helper; waits for it."""
         with self._lock:
             proc, self._proc = self._proc, None
         if proc is None:
@@ -92,7 +90,7 @@ class MountNamespace:
 
     def _start(self) -> subprocess.Popen[str]:
         proc = subprocess.Popen(
-            [sys.executable, "-I", "-S", str(_CHILD), str(self.jobs_dir), str(self.empty)],
+            [sys.executable, "-I", "-S", str(_CHILD), str(self.empty)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             text=True,
@@ -105,9 +103,9 @@ class MountNamespace:
             proc.wait()
             why = ready.get("error", "it exited")
             raise NamespaceFault(f"cannot set up the private mount namespace: {why}")
-        log.info("namespace helper %d: private mount namespace for %s", proc.pid, self.jobs_dir)
+        log.info("namespace helper %d: private mount namespace", proc.pid)
         self._proc = proc
-        # Dropping the handle closes the helper's input: it cleans up and exits.
+        # Dropping the handle closes the helper's input: it exits.
         weakref.finalize(self, proc.stdin.close)  # type: ignore[union-attr]
         return proc
 

@@ -16,7 +16,10 @@ import os
 from pathlib import Path
 
 __all__ = [
+    "make_shared",
     "mount_overlay",
+    "mount_points",
+    "mount_sources",
     "mount_tmpfs",
     "prctl_subreaper",
     "unmount",
@@ -34,6 +37,7 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
+MS_SHARED = 1 << 20
 MNT_DETACH = 0x2
 PR_SET_CHILD_SUBREAPER = 36
 
@@ -55,14 +59,38 @@ def _mount(source: str, target: str | Path, fstype: str | None, flags: int, data
     _check(rc, f"mount {fstype or 'bind'} on {target}")
 
 
-def mount_tmpfs(target: Path, *, size_bytes: int, uid: int, gid: int, mode: int = 0o755) -> None:
-    """A tmpfs of at most ``size_bytes`` (rounded up to pages) at ``target``."""
+def mount_tmpfs(
+    target: Path, *, size_bytes: int, uid: int, gid: int, mode: int = 0o755, source: str = "tmpfs"
+) -> None:
+    """A tmpfs of at most ``size_bytes`` (rounded up to pages) at ``target``; ``source``
+    names it in the mount table."""
     data = f"size={max(size_bytes, 4096)},uid={uid},gid={gid},mode={mode:o}"
-    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, data)
+    _mount(source, target, "tmpfs", MS_NOSUID | MS_NODEV, data)
 
 
 def mount_overlay(target: Path, *, lower: Path, upper: Path, work: Path) -> None:
     _mount("overlay", target, "overlay", 0, f"lowerdir={lower},upperdir={upper},workdir={work}")
+
+
+def make_shared(target: Path) -> None:
+    """Mounts made under ``target`` from now on propagate to the namespaces copied from it."""
+    _check(_libc.mount(None, str(target).encode(), None, MS_SHARED, None), f"make {target} shared")
+
+
+def mount_sources() -> list[tuple[str, str]]:
+    """(mount point, source) of every mount this process sees, in mount order."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(fields) >= 5 and len(rfields) >= 2:
+                out.append((fields[4], rfields[1]))
+    return out
+
+
+def mount_points() -> list[str]:
+    return [point for point, _ in mount_sources()]
 
 
 def unmount(target: Path) -> None:

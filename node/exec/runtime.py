@@ -108,7 +108,7 @@ class Runtime:
         return proc.stdout.decode().split() if proc.returncode == 0 else []
 
     async def ready(self) -> None:
-        """Before the first job mount: start the namespace helper, if any and not running.
+        """Start the namespace helper, if any and not running.
 
         Raises:
             RuntimeFault: it could not set up the namespace.
@@ -125,11 +125,10 @@ class Runtime:
             self.namespace.close()
 
 
-def choose_runtime(
-    mode: CgroupMode, state_dir: Path, jobs_dir: Path, prefer: str | None = None
-) -> Runtime:
+def choose_runtime(mode: CgroupMode, state_dir: Path, prefer: str | None = None) -> Runtime:
     """Pick the runtime for this host (see the module rules); log which path is in use.
-    ``jobs_dir`` is where the executor mounts job areas (the namespace must see them).
+    The namespace helper, if any, sees job areas mounted under a shared mount
+    (``jobsdir``).
 
     Raises:
         RuntimeFault: no usable runtime is installed.
@@ -147,7 +146,7 @@ def choose_runtime(
         if name == "crun" and mode is CgroupMode.HYBRID:
             empty = state_dir / "empty-cgroup.controllers"
             empty.touch()
-            namespace = MountNamespace(jobs_dir, empty)
+            namespace = MountNamespace(empty)
         rt = Runtime(name=name, binary=binary, state_root=state_root, namespace=namespace)
         log.info("cgroup mode %s: running jobs with %s", mode.value, rt.describe())
         return rt

@@ -21,6 +21,7 @@ from node.exec.cgroups import (
 )
 from node.exec.gpu import GpuDevice, detect_gpus, parse_ldconfig, parse_nvidia_smi, wire_gpus
 from node.exec.janitor import Janitor
+from node.exec.jobsdir import JobsDir
 from node.exec.mountns import MountNamespace
 from node.exec.ocispec import Bind, JobConfig, build_config
 from protocol.messages import ExitReason
@@ -178,6 +179,8 @@ def test_oci_config_confines_the_job():
     assert {"ptrace", "mount", "unshare", "setns", "bpf", "clone", "clone3"} <= denied
     bind = next(m for m in cfg["mounts"] if m["destination"] == "/in")
     assert "ro" in bind["options"]
+    scratch = next(m for m in cfg["mounts"] if m["destination"] == "/tmp")
+    assert "size=67108864" in scratch["options"]
 
 
 def test_oci_config_network_allowed_shares_host_namespace():
@@ -256,15 +259,36 @@ def test_janitor_runs_cleanups_in_order_past_a_failing_one():
 
 
 @pytest.mark.integration
+def test_jobs_dir_is_one_shared_tmpfs_that_the_last_user_takes_down():
+    root = searchable_dir("cx-jobsdir-")
+    first, second = JobsDir(root / "jobs"), JobsDir(root / "jobs")
+    first.open()
+    second.open()  # a node and a `cx exec` on one home: one tmpfs between them
+    assert [s for p, s in mounts.mount_sources() if p == str(root / "jobs")] == ["cx-jobs"]
+    first.close()
+    assert mounts_under(root) == [str(root / "jobs")]  # the second still uses it
+    (root / "jobs" / "job1").mkdir()
+    mounts.mount_tmpfs(root / "jobs" / "job1", size_bytes=4096, uid=0, gid=0)
+    second.close()
+    assert len(mounts_under(root)) == 2  # a job's mount is left (a crash): taken over later
+    third = JobsDir(root / "jobs")
+    third.open()
+    mounts.unmount(root / "jobs" / "job1")
+    third.close()
+    assert mounts_under(root) == []
+    shutil.rmtree(root)
+
+
+@pytest.mark.integration
 @pytest.mark.skipif(
     detect_hierarchies().mode is not CgroupMode.HYBRID, reason="the helper is for hybrid hosts"
 )
-def test_namespace_helper_sees_later_mounts_hides_controllers_and_leaves_nothing():
+def test_namespace_helper_sees_later_job_mounts_and_hides_the_controllers():
     root = searchable_dir("cx-mountns-")
-    jobs, empty = root / "jobs", root / "empty"
-    jobs.mkdir()
-    empty.touch()
-    namespace, area = MountNamespace(jobs, empty), jobs / "job1"
+    (root / "empty").touch()
+    jobs, namespace = JobsDir(root / "jobs"), MountNamespace(root / "empty")
+    jobs.open()
+    area = root / "jobs" / "job1"
     area.mkdir()
     try:
         namespace.start()
@@ -278,5 +302,6 @@ def test_namespace_helper_sees_later_mounts_hides_controllers_and_leaves_nothing
     finally:
         mounts.unmount(area)
         namespace.close()
+        jobs.close()
     assert mounts_under(root) == []
     shutil.rmtree(root)
