@@ -1,18 +1,22 @@
 """Executor benchmark: a trivial job by hand vs through our executor, podman, image import.
 
 Measures, in one run on this host:
-- bare: the runtime lifecycle by hand (run --detach, wait, delete) for crun and runc, on a
-  bundle with the same config, from a small process already inside the private mount
-  namespace on a hybrid host (``BARE``): the runtime's own cost and nothing else;
+- bare: the runtime lifecycle by hand (run --detach, wait, delete) for crun and runc, with
+  the executor's own config.json and a fresh overlay root per run made beforehand, from a
+  small process already inside the private mount namespace on a hybrid host (``BARE``):
+  the runtime's own cost and nothing else;
 - ours: ``Executor.run_job`` for the same trivial job, the full path (overlay over the
-  unpacked image from the store, tmpfs areas, limits, metering, outputs, cleanup);
+  unpacked image from the store, tmpfs areas, limits, metering, outputs), until the result
+  and until its cleanup is done too;
 - podman: ``podman run --rm`` of the same image, if podman is installed;
+- throughput: jobs per second with 1, 4 and 16 trivial jobs in flight, until the last one
+  is cleaned up too;
 - import: ``cx image import`` throughput for a generated 200 MB image (layout dir and OCI
   archive).
 
-Goals (issue 14): ours <= 1.2x bare; ours >= 5x faster than podman. Bare and ours run in
-interleaved rounds so that both see the same load. Ends with one JSON line.
-Usage: .venv/bin/python bench/executor.py [--runs 20] [--mb 200]
+Goals (issue 14): ours <= 1.2x bare; ours >= 5x faster than podman. Bare, ours and podman
+run in interleaved rounds so that they see the same load. Ends with one JSON line.
+Usage: .venv/bin/python bench/executor.py [--runs 20] [--jobs 64] [--mb 200]
 """
 
 from __future__ import annotations
@@ -44,6 +48,7 @@ from protocol.messages import JobSpec, Resources
 
 MiB = 1 << 20
 ROUNDS = 5
+CONCURRENCY = (1, 4, 16)
 
 
 # The bare lifecycle, run by a small process that is already where the runtime must run
@@ -146,6 +151,25 @@ async def ours(executor: Executor, image: str, runs: int) -> list[tuple[float, f
     return times
 
 
+async def throughput(executor: Executor, image: str, concurrency: int, jobs: int) -> float:
+    """Jobs per second with ``concurrency`` jobs in flight, ``jobs`` in all, counted until
+    the last one is also cleaned up."""
+    spec = JobSpec(image=image, command=("/bin/true",), wall_ms=10_000)
+    res = Resources(cpu_milli=100, memory_bytes=32 * MiB)
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            result = await executor.run_job(spec, res)
+            assert result.exit_reason.value == "success", result
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(concurrency):
+            nursery.start_soon(worker, jobs // concurrency + (i < jobs % concurrency))
+    await executor.settled()
+    return jobs / (time.perf_counter() - t0)
+
+
 def podman_image(layout: Path) -> str | None:
     """The image pulled into podman from the OCI layout; None if podman is not installed."""
     if shutil.which("podman") is None:
@@ -224,6 +248,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--runs", type=int, default=20)
     parser.add_argument("--mb", type=int, default=200)
+    parser.add_argument("--jobs", type=int, default=64, help="jobs per throughput figure")
     args = parser.parse_args()
     work = Path(tempfile.mkdtemp(prefix="cx-bench-"))
     work.chmod(0o711)
@@ -232,7 +257,7 @@ def main() -> None:
             ExecutorConfig(
                 store_root=work / "store",
                 work_root=work / "work",
-                capacity=Resources(cpu_milli=2000, memory_bytes=1 << 30),
+                capacity=Resources(cpu_milli=16_000, memory_bytes=4 << 30),
             )
         )
         layout = work / "layout"
@@ -254,6 +279,8 @@ def main() -> None:
             samples["ours"] += trio.run(ours, executor, image, per_round)
             if pod_image is not None:
                 pod_times += podman_samples(pod_image, max(1, per_round // 2), hybrid)
+        load.append(os.getloadavg()[0])
+        rates = {c: trio.run(throughput, executor, image, c, args.jobs) for c in CONCURRENCY}
         load.append(os.getloadavg()[0])
         if pod_image is not None:
             subprocess.run(["podman", "rmi", "-f", pod_image], check=False, capture_output=True)
@@ -286,6 +313,11 @@ def main() -> None:
               f"{pod / med['ours'][0]:.1f}x ours to the result, "
               f"{pod / med['ours'][1]:.1f}x ours cleaned up (goal >= 5x)")  # fmt: skip
     print(
+        f"throughput, {args.jobs} jobs, until cleaned up: "
+        + ", ".join(f"{r:.1f} jobs/s with {c} in flight" for c, r in rates.items())
+        + f" (load {load[2]:.2f} after)"
+    )
+    print(
         f"import {args.mb} MB image: layout dir {imp['layout']:.0f} MB/s, "
         f"OCI archive {imp['archive']:.0f} MB/s"
     )
@@ -306,6 +338,7 @@ def main() -> None:
                 "podman_over_ours_result": round(pod / med["ours"][0], 2) if pod else None,
                 "podman_over_ours": round(pod / med["ours"][1], 2) if pod else None,
                 "load_avg": [round(x, 2) for x in load],
+                "jobs_per_s": {str(c): round(r, 1) for c, r in rates.items()},
                 "import_layout_mb_s": round(imp["layout"], 1),
                 "import_archive_mb_s": round(imp["archive"], 1),
                 "image_mb": args.mb,
