@@ -9,8 +9,9 @@ Rules:
 - Each bound says why it is there: the kernel's own limits (a CPU quota below 1 ms per
   100 ms period is refused), what the runtime needs to start a container at all, and
   ceilings no machine reaches that keep every value exact in JSON and in a signed int64.
-- :func:`check_limits` raises :class:`~protocol.errors.InvalidMessage` (reason
-  ``bad-field``) naming the first field out of bounds, its value and the bounds.
+- :func:`check_limits` raises :class:`OutOfBounds`, an
+  :class:`~protocol.errors.InvalidMessage` with reason ``bad-field``, naming the first
+  field out of bounds (``field``), its value and the bounds.
 """
 
 from __future__ import annotations
@@ -26,6 +27,7 @@ __all__ = [
     "CHECKPOINT_SIGNALS",
     "LIMITS",
     "Bounds",
+    "OutOfBounds",
     "check_checkpoint",
     "check_job",
     "check_limits",
@@ -74,8 +76,18 @@ LIMITS = MappingProxyType(
 CHECKPOINT_SIGNALS = frozenset({"SIGTERM", "SIGINT", "SIGHUP", "SIGQUIT", "SIGUSR1", "SIGUSR2"})
 
 
-def _bad(field: str, why: str) -> InvalidMessage:
-    return InvalidMessage(Reason.BAD_FIELD, f"{field}: {why}")
+class OutOfBounds(InvalidMessage):
+    """A limit outside its bounds: ``field`` names it (``resources.memory_bytes``), ``why``
+    says what is allowed."""
+
+    def __init__(self, field: str, why: str) -> None:
+        super().__init__(Reason.BAD_FIELD, f"{field}: {why}")
+        self.field = field
+        self.why = why
+
+
+def _bad(field: str, why: str) -> OutOfBounds:
+    return OutOfBounds(field, why)
 
 
 def _within(field: str, value: int) -> None:
@@ -91,7 +103,7 @@ def _container_dir(field: str, path: str) -> None:
 
 
 def check_resources(resources: Resources) -> None:
-    """Raises InvalidMessage (bad-field) if a reserved resource is out of bounds."""
+    """Raises OutOfBounds if a reserved resource is out of bounds."""
     _within("resources.cpu_milli", resources.cpu_milli)
     _within("resources.memory_bytes", resources.memory_bytes)
     _within("resources.disk_bytes", resources.disk_bytes)
@@ -99,15 +111,15 @@ def check_resources(resources: Resources) -> None:
 
 
 def check_job(job: JobSpec) -> None:
-    """Raises InvalidMessage (bad-field) if the job's wall time, output cap or output
-    directory is unusable."""
+    """Raises OutOfBounds if the job's wall time, output cap or output directory is
+    unusable."""
     _within("job.wall_ms", job.wall_ms)
     _within("job.max_output_bytes", job.max_output_bytes)
     _container_dir("job.output_path", job.output_path)
 
 
 def check_checkpoint(checkpoint: Checkpoint | None) -> None:
-    """Raises InvalidMessage (bad-field) if the checkpoint contract is unusable."""
+    """Raises OutOfBounds if the checkpoint contract is unusable."""
     if checkpoint is None:
         return
     _within("checkpoint.grace_ms", checkpoint.grace_ms)
@@ -122,7 +134,7 @@ def check_limits(job: JobSpec, resources: Resources, checkpoint: Checkpoint | No
     ``cx exec``.
 
     Raises:
-        InvalidMessage: BAD_FIELD, naming the first field out of bounds.
+        OutOfBounds: an InvalidMessage (BAD_FIELD) naming the first field out of bounds.
     """
     check_resources(resources)
     check_job(job)
@@ -130,5 +142,5 @@ def check_limits(job: JobSpec, resources: Resources, checkpoint: Checkpoint | No
 
 
 def check_pids_limit(pids: int) -> None:
-    """Raises InvalidMessage (bad-field) if a provider's per-job pids limit is unusable."""
+    """Raises OutOfBounds if a provider's per-job pids limit is unusable."""
     _within("pids_limit", pids)

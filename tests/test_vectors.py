@@ -18,6 +18,7 @@ from protocol.encoding import decode, encode
 from protocol.envelope import MESSAGE_TYPES, open_signed, seal
 from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PrivateKey
+from protocol.limits import OutOfBounds
 from protocol.limits import check_limits as limits_of
 from protocol.messages import (
     Bid,
@@ -139,10 +140,10 @@ def check_limits(case):
     if case["valid"]:
         limits_of(job, resources, checkpoint)
     else:
-        with pytest.raises(InvalidMessage) as info:
+        with pytest.raises(OutOfBounds) as info:
             limits_of(job, resources, checkpoint)
         assert info.value.reason.value == case["error"]
-        assert str(info.value).startswith(f"{case['error']}: {case['field']}: ")
+        assert info.value.field == case["field"]
 
 
 @pytest.mark.parametrize(("kind", "case"), list(_cases()))

@@ -22,7 +22,8 @@ import trio
 from node.cli.image import add_home_option, resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
 from node.storage.image import ImageError
-from protocol.errors import InvalidMessage
+from node.storage.store import BlobStore
+from protocol.limits import OutOfBounds, check_limits, check_pids_limit
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
 
 __all__ = ["register"]
@@ -108,9 +109,8 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     try:
         return trio.run(_exec, args, tuple(command))
-    except InvalidMessage as exc:  # a limit out of bounds: say which option
-        _, field, why = str(exc).split(": ", 2)
-        print(f"cx exec: {_OPTION.get(field, field)}: {why}", file=sys.stderr)
+    except OutOfBounds as exc:  # say which option
+        print(f"cx exec: {_OPTION.get(exc.field, exc.field)}: {exc.why}", file=sys.stderr)
         return EXIT_INPUT
     except (ImageError, CapacityExceeded, ValueError, OSError) as exc:
         print(f"cx exec: {exc}", file=sys.stderr)
@@ -119,6 +119,13 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     resources = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
+    store = BlobStore(args.home / "store")
+    spec = _job(args, store, command)
+    checkpoint = None
+    if args.checkpoint_dir or args.resume:
+        checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)
+    check_limits(spec, resources, checkpoint)  # before anything is mounted or started
+    check_pids_limit(args.pids)
     executor = Executor(
         ExecutorConfig(
             store_root=args.home / "store",
@@ -128,51 +135,45 @@ async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
             runtime=args.runtime,
         )
     )
-    try:
-        return await _exec_with(executor, args, resources, command)
-    finally:
-        executor.close()
-
-
-async def _exec_with(
-    executor: Executor, args: argparse.Namespace, resources: Resources, command: tuple[str, ...]
-) -> int:
-    image = resolve_image(executor.store, args.image)
-    inputs = []
-    for item in args.input:
-        src, sep, dest = item.rpartition(":")
-        if not sep or not dest.startswith("/"):
-            raise ValueError(f"--input {item!r}: use FILE:/container/path")
-        digest = executor.store.put_file(src)
-        inputs.append(DataRef(digest=digest, path=dest, size=executor.store.size(digest)))
-    env = dict(e.split("=", 1) for e in args.env if "=" in e)
-    spec = JobSpec(
-        image=image,
-        command=command,
-        env=env,
-        inputs=tuple(inputs),
-        output_path=args.output_path,
-        max_output_bytes=args.max_output,
-        wall_ms=args.timeout,
-        network=args.network,
-    )
-    checkpoint = None
-    if args.checkpoint_dir or args.resume:
-        checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)
     t0 = time.monotonic()
 
     def progress(step: str) -> None:
         print(f"[{time.monotonic() - t0:7.3f}s] {step}", file=sys.stderr)
 
-    progress(f"cgroup {executor.mode.value}, runtime {executor.runtime.describe()}")
-    result = await executor.run_job(spec, resources, checkpoint=checkpoint, progress=progress)
-    progress(f"done: {result.exit_reason.value}")
+    try:
+        progress(f"cgroup {executor.mode.value}, runtime {executor.runtime.describe()}")
+        result = await executor.run_job(spec, resources, checkpoint=checkpoint, progress=progress)
+        progress(f"done: {result.exit_reason.value}")
+    finally:
+        executor.close()
     if args.output_dir is not None:
         _export(executor, result, args.output_path, args.output_dir)
     print(json.dumps(_as_json(result)) if args.json else _table(executor, result))
     if result.exit_reason is ExitReason.PROVIDER_FAULT:
         return EXIT_FAULT
     return 0 if result.exit_reason is ExitReason.SUCCESS else max(1, result.exit_code & 0xFF)
+
+
+def _job(args: argparse.Namespace, store: BlobStore, command: tuple[str, ...]) -> JobSpec:
+    """The job the flags describe; its inputs are stored."""
+    image = resolve_image(store, args.image)
+    inputs = []
+    for item in args.input:
+        src, sep, dest = item.rpartition(":")
+        if not sep or not dest.startswith("/"):
+            raise ValueError(f"--input {item!r}: use FILE:/container/path")
+        digest = store.put_file(src)
+        inputs.append(DataRef(digest=digest, path=dest, size=store.size(digest)))
+    return JobSpec(
+        image=image,
+        command=command,
+        env=dict(e.split("=", 1) for e in args.env if "=" in e),
+        inputs=tuple(inputs),
+        output_path=args.output_path,
+        max_output_bytes=args.max_output,
+        wall_ms=args.timeout,
+        network=args.network,
+    )
 
 
 def _export(executor: Executor, result: JobResult, output_path: str, dest: Path) -> None:

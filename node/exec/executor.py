@@ -84,6 +84,8 @@ _PAGE = 4096
 _LOGS = tuple(PurePosixPath(p).name for p in LOG_PATHS)  # "stdout", "stderr"
 _DEFAULT_SCRATCH = 64 * 1024 * 1024
 _CKPT_BYTES = 256 * 1024 * 1024
+# A job id names its directory, cgroup and container: nothing that could leave them.
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 # How crun and runc say the job's executable is missing from the image.
 _COMMAND_MISSING = re.compile(
     r"executable file .* not found|exec: .*(no such file or directory|not found)", re.I
@@ -204,10 +206,11 @@ class Executor:
         """Clean up after a crash: delete our leftover containers, their cgroups and job
         areas."""
         for cid in await self.runtime.list_ids():
-            if cid.startswith("cx-"):
-                self._janitor.submit(cid, functools.partial(self._clean_up, cid, None))
+            if cid.startswith("cx-") and len(cid) > 3:
+                job_id = cid.removeprefix("cx-")
+                self._janitor.submit(job_id, functools.partial(self._clean_up, job_id, cid, None))
         for job in self.jobs_dir.iterdir():
-            self._janitor.submit(job.name, functools.partial(self._clean_up, None, job))
+            self._janitor.submit(job.name, functools.partial(self._clean_up, job.name, None, job))
         await self.settled()
         await self.runtime.ready()  # the first job need not wait for the namespace helper
 
@@ -244,9 +247,12 @@ class Executor:
         Raises:
             InvalidMessage: a limit is out of bounds (protocol.limits; nothing ran).
             CapacityExceeded: the job does not fit now (nothing ran).
+            ValueError: ``job_id`` is not a plain name, or that job is running.
         """
         check_limits(spec, resources, checkpoint)
         job_id = job_id or os.urandom(8).hex()
+        if not _JOB_ID.fullmatch(job_id):
+            raise ValueError(f"job id {job_id!r}: letters, digits, - and _ only, at most 64")
         if not resources.fits_in(self.free):
             raise CapacityExceeded(
                 f"job needs {resources}, free is {self.free}: wait for a job to finish"
@@ -323,13 +329,14 @@ class Executor:
             )
         finally:
             self._janitor.submit(
-                job_id, functools.partial(self._clean_up, cid if started else None, job)
+                job_id, functools.partial(self._clean_up, job_id, cid if started else None, job)
             )
 
-    def _clean_up(self, cid: str | None, job: Path | None) -> None:
-        """Whatever the runtime did or failed to do, leave no container, cgroup, mount or
-        file of the job. Blocks (the janitor's thread)."""
-        job_id = cid.removeprefix("cx-") if cid else job.name if job else ""
+    def _clean_up(self, job_id: str, cid: str | None, job: Path | None) -> None:
+        """Whatever the runtime did or failed to do, leave no container ``cid``, cgroup,
+        mount or file of the job. Blocks (the janitor's thread)."""
+        if not job_id:
+            raise ValueError("no job id: refusing to sweep all of /cx")
         if cid is not None:
             try:
                 self.runtime.delete(cid)

@@ -27,7 +27,7 @@ from protocol.envelope import (
 )
 from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PrivateKey
-from protocol.limits import check_limits
+from protocol.limits import OutOfBounds, check_limits
 from protocol.messages import (
     ActivationAnswer,
     ActivationChallenge,
@@ -573,9 +573,8 @@ def limits() -> None:
         }
         try:
             check_limits(j, r, cp)
-        except InvalidMessage as exc:
-            field = str(exc).split(": ", 2)[1]
-            case.update(valid=False, error=exc.reason.value, field=field)
+        except OutOfBounds as exc:
+            case.update(valid=False, error=exc.reason.value, field=exc.field)
         else:
             case["valid"] = True
         cases.append(case)

@@ -79,11 +79,10 @@ def test_careless_limits_are_refused_before_anything_runs(busybox_home, capsys, 
     # Before: a provider fault with a traceback, a cgroup left behind, a job at 1% CPU, or
     # (--pids 0) a job with no pids limit at all (issue 17, D4).
     code = main(["exec", "--home", str(busybox_home), option, value, "busybox", "--", "true"])
-    err = capsys.readouterr().err.strip().splitlines()
+    (err,) = capsys.readouterr().err.strip().splitlines()  # one line, before anything ran
     assert code == 2
-    assert err[-1].startswith(f"cx exec: {option}: ")
-    assert "is outside" in err[-1]  # and says what is allowed
-    assert not any((busybox_home / "work" / "jobs").iterdir())
+    assert err.startswith(f"cx exec: {option}: ")
+    assert "is outside" in err  # and says what is allowed
 
 
 @pytest.mark.integration

@@ -51,6 +51,18 @@ def _run(buyer, provider, agreement, nonce):
         buyer.receive_status(status.wire, now_ms=T0 + 11)
 
 
+def _successful_receipt(provider, agreement, nonce, **fields):
+    return provider.issue_receipt(
+        agreement.id,
+        usage=Usage(wall_ms=1000, cpu_us=1000),
+        exit_reason=ExitReason.SUCCESS,
+        exit_code=0,
+        nonce=nonce(),
+        now_ms=T0 + 9,
+        **fields,
+    )
+
+
 def test_offer_bid_match_agreement_receipt_settled(pair):
     buyer, provider, nonce = pair
     agreement = _trade_until_agreed(buyer, provider, nonce)
@@ -130,14 +142,7 @@ def test_receipt_with_inflated_cost_is_refused(pair):
     buyer, provider, nonce = pair
     agreement = _trade_until_agreed(buyer, provider, nonce)
     _run(buyer, provider, agreement, nonce)
-    honest = provider.issue_receipt(
-        agreement.id,
-        usage=Usage(wall_ms=1000, cpu_us=1000),
-        exit_reason=ExitReason.SUCCESS,
-        exit_code=0,
-        nonce=nonce(),
-        now_ms=T0 + 9,
-    )
+    honest = _successful_receipt(provider, agreement, nonce)
     from dataclasses import replace
 
     from protocol.envelope import seal
@@ -192,15 +197,7 @@ def test_receipt_logs_are_stdout_and_stderr_at_most_once(pair, paths):
     _run(buyer, provider, agreement, nonce)
     logs = tuple(DataRef(digest="sha256:" + "ef" * 32, path=p, size=1) for p in paths)
     with pytest.raises(ValueError, match="log paths"):
-        provider.issue_receipt(
-            agreement.id,
-            usage=Usage(wall_ms=1000, cpu_us=1000),
-            exit_reason=ExitReason.SUCCESS,
-            exit_code=0,
-            logs=logs,
-            nonce=nonce(),
-            now_ms=T0 + 9,
-        )
+        _successful_receipt(provider, agreement, nonce, logs=logs)
 
 
 def test_a_cut_log_is_marked_in_the_receipt_the_buyer_countersigns(pair):
@@ -209,15 +206,8 @@ def test_a_cut_log_is_marked_in_the_receipt_the_buyer_countersigns(pair):
     _run(buyer, provider, agreement, nonce)
     stdout = DataRef(digest="sha256:" + "ef" * 32, path="/dev/stdout", size=LOG_CAP_BYTES)
     stderr = DataRef(digest="sha256:" + "0f" * 32, path="/dev/stderr", size=5)
-    receipt = provider.issue_receipt(
-        agreement.id,
-        usage=Usage(wall_ms=1000, cpu_us=1000),
-        exit_reason=ExitReason.SUCCESS,
-        exit_code=0,
-        logs=(stdout, stderr),
-        truncated_logs=("/dev/stdout",),
-        nonce=nonce(),
-        now_ms=T0 + 9,
+    receipt = _successful_receipt(
+        provider, agreement, nonce, logs=(stdout, stderr), truncated_logs=("/dev/stdout",)
     )
     countersigned = buyer.receive_receipt(receipt.wire, now_ms=T0 + 10)
     assert countersigned.receipt.payload.truncated_logs == ("/dev/stdout",)
@@ -230,13 +220,4 @@ def test_only_a_log_the_receipt_carries_can_be_marked_cut_once(pair, cut):
     _run(buyer, provider, agreement, nonce)
     stdout = DataRef(digest="sha256:" + "ef" * 32, path="/dev/stdout", size=1)
     with pytest.raises(ValueError, match="truncated_logs"):
-        provider.issue_receipt(
-            agreement.id,
-            usage=Usage(wall_ms=1000, cpu_us=1000),
-            exit_reason=ExitReason.SUCCESS,
-            exit_code=0,
-            logs=(stdout,),
-            truncated_logs=cut,
-            nonce=nonce(),
-            now_ms=T0 + 9,
-        )
+        _successful_receipt(provider, agreement, nonce, logs=(stdout,), truncated_logs=cut)

@@ -12,6 +12,7 @@ from protocol.buying import Buying
 from protocol.errors import InvalidMessage, Reason
 from protocol.limits import (
     LIMITS,
+    OutOfBounds,
     check_limits,
     check_pids_limit,
 )
@@ -24,9 +25,11 @@ JOB = JobSpec(image=IMAGE, command=("true",))
 RES = Resources(cpu_milli=500, memory_bytes=64 * MIB)
 
 
-def _field_of(exc: pytest.ExceptionInfo[InvalidMessage]) -> str:
+def _field_of(exc: pytest.ExceptionInfo[OutOfBounds]) -> str:
+    assert isinstance(exc.value, InvalidMessage)  # what a provider's screen catches
     assert exc.value.reason is Reason.BAD_FIELD
-    return str(exc.value).split(": ", 2)[1]
+    assert str(exc.value) == f"bad-field: {exc.value.field}: {exc.value.why}"
+    return exc.value.field
 
 
 @pytest.mark.parametrize(
@@ -44,7 +47,7 @@ def _field_of(exc: pytest.ExceptionInfo[InvalidMessage]) -> str:
     ],
 )
 def test_careless_resources_are_refused(field, resources):
-    with pytest.raises(InvalidMessage) as exc:
+    with pytest.raises(OutOfBounds) as exc:
         check_limits(JOB, resources, None)
     assert _field_of(exc) == field
 
@@ -98,7 +101,7 @@ def _with(field: str, value: int) -> tuple[JobSpec, Resources, Checkpoint | None
     ],
 )
 def test_unusable_paths_and_checkpoints_are_refused(field, job, checkpoint):
-    with pytest.raises(InvalidMessage) as exc:
+    with pytest.raises(OutOfBounds) as exc:
         check_limits(job, RES, checkpoint)
     assert _field_of(exc) == field
 
