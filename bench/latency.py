@@ -13,7 +13,7 @@ in one process, talking real libp2p (Noise + yamux) over loopback, each with its
   agreement ack, status, image and inputs present, marked started), run (the provider's
   ``Executor.run_job``: overlay, limits, container, metering, outputs), receipt/settle
   (receipt signed and delivered, outputs and logs fetched, checked, countersigned, settled);
-- baseline: the bare runtime lifecycle (create/start/wait/delete by hand, the same
+- baseline: the bare runtime lifecycle (run --detach/wait/delete by hand, the same
   confinement, ``bench/executor.py``'s ``bare_lifecycle``) of the same command, one run
   after every few jobs so that both see the same load on this shared machine; median.
 
@@ -144,7 +144,7 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
 
 
 async def bare(executor: Executor, rootfs: Path, where: Path) -> float:
-    """One bare create/start/wait/delete of ``COMMAND`` with the executor's runtime, in ms."""
+    """One bare run --detach/wait/delete of ``COMMAND`` with the executor's runtime, in ms."""
 
     def once() -> float:
         where.mkdir(mode=0o711)
@@ -191,7 +191,7 @@ def main() -> int:
         ("submit -> result, mean", mean, ""),
         *((f"  phase {p}, median", phases[p], f"{phases[p] / p50:.0%} of p50") for p in PHASES),
         (
-            f"bare {r['runtime']} create/start/wait/delete, median of {len(r['bare'])}",
+            f"bare {r['runtime']} run -d/wait/delete, median of {len(r['bare'])}",
             bare,
             "baseline, sampled between the jobs",
         ),

@@ -336,6 +336,8 @@ async def serve_peer(
                         capacity=config.provider.capacity,
                     )
                 )
+                if isinstance(runner, Executor):
+                    stack.callback(runner.close)  # its cleanups and helper process
                 provider = Provider(market, key, runner, config.provider, attestor)
                 await nursery.start(provider.run)
             for addr in config.bootstrap:

@@ -23,6 +23,7 @@ from dataclasses import dataclass, field
 from protocol.schema import SignedInt
 
 __all__ = [
+    "LOG_CAP_BYTES",
     "LOG_PATHS",
     "Accept",
     "ActivationAnswer",
@@ -337,13 +338,17 @@ class Usage:
 
 
 LOG_PATHS = ("/dev/stdout", "/dev/stderr")
+# A provider keeps each log up to this many bytes; past it the log is cut and marked.
+LOG_CAP_BYTES = 8 * 1024 * 1024
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class UsageReceipt:
     """The provider's signed account of a job. ``logs`` names the job's stdout and stderr
     blobs (DataRef paths ``/dev/stdout``, ``/dev/stderr``; an empty log is left out), so the
-    buyer can fetch them by digest; the signature binds them like the outputs."""
+    buyer can fetch them by digest; the signature binds them like the outputs.
+    ``truncated_logs`` names the logs the job wrote past ``LOG_CAP_BYTES``: their blobs
+    hold the first ``LOG_CAP_BYTES`` only."""
 
     agreement_id: bytes
     usage: Usage
@@ -351,6 +356,7 @@ class UsageReceipt:
     exit_code: SignedInt
     outputs: tuple[DataRef, ...] = ()
     logs: tuple[DataRef, ...] = ()
+    truncated_logs: tuple[str, ...] = ()
     checkpoint: str | None = None
     cost: int
 
@@ -360,6 +366,9 @@ class UsageReceipt:
         paths = [log.path for log in self.logs]
         if len(set(paths)) != len(paths) or not set(paths) <= set(LOG_PATHS):
             raise ValueError(f"log paths must be distinct and among {', '.join(LOG_PATHS)}")
+        cut = self.truncated_logs
+        if len(set(cut)) != len(cut) or not set(cut) <= set(paths):
+            raise ValueError("truncated_logs must name distinct paths of the receipt's logs")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -22,6 +22,7 @@ from protocol.encoding import decode, encode
 from protocol.envelope import Signed
 from protocol.errors import InvalidMessage, Reason
 from protocol.identity import PrivateKey, PublicKey
+from protocol.limits import check_limits
 from protocol.machine import Machine
 from protocol.messages import Offer, Terms
 from protocol.schema import bytes_fields, from_value, to_value
@@ -139,10 +140,11 @@ def sign_terms(key: PrivateKey, terms: Terms) -> bytes:
 
 def check_terms_against_offer(terms: Terms, offer: Signed[Offer], provider: PublicKey) -> None:
     """What a provider checks before accepting: the terms are for its own live offer, at no
-    less than its prices, within its limits.
+    less than its prices, within its limits, and every limit of the job is within the
+    protocol's bounds (protocol.limits), so no bid can make a provider run what it cannot.
 
     Raises:
-        InvalidMessage: WRONG_PARTY or TERMS_MISMATCH.
+        InvalidMessage: WRONG_PARTY, TERMS_MISMATCH or BAD_FIELD.
     """
     if terms.provider != provider.raw or offer.signer != provider:
         raise InvalidMessage(Reason.WRONG_PARTY, "the terms name another provider")
@@ -155,6 +157,7 @@ def check_terms_against_offer(terms: Terms, offer: Signed[Offer], provider: Publ
         raise InvalidMessage(Reason.TERMS_MISMATCH, "the job exceeds the offer's limits")
     if len(terms.attestation_nonce) != ATTESTATION_NONCE_SIZE:
         raise InvalidMessage(Reason.BAD_FIELD, "the attestation nonce must be 32 bytes")
+    check_limits(terms.job, terms.resources, terms.checkpoint)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -247,6 +247,7 @@ class Selling:
         exit_code: int,
         outputs: tuple[DataRef, ...] = (),
         logs: tuple[DataRef, ...] = (),
+        truncated_logs: tuple[str, ...] = (),
         checkpoint: str | None = None,
         nonce: bytes,
         now_ms: int,
@@ -255,7 +256,8 @@ class Selling:
         free for the next buyer now, not at settlement.
 
         ``logs`` are the job's stdout and stderr blobs (paths ``/dev/stdout``,
-        ``/dev/stderr``), so the buyer can fetch them; raises ValueError for other paths.
+        ``/dev/stderr``), so the buyer can fetch them; ``truncated_logs`` those of them cut
+        at LOG_CAP_BYTES; raises ValueError for other paths.
         """
         agreement = self.agreements[agreement_id]
         job = self.jobs[agreement_id]
@@ -268,6 +270,7 @@ class Selling:
             exit_code=SignedInt(exit_code),
             outputs=outputs,
             logs=logs,
+            truncated_logs=truncated_logs,
             checkpoint=checkpoint,
             cost=agreed_charge(agreement, usage, exit_reason),
         )

@@ -7,10 +7,12 @@ Precedence, first match wins:
 1. provider-fault: the provider could not run or meter the job.
 2. preempted: the provider stopped the job (checkpoint contract).
 3. output-too-large: the output area holds more than ``max_output_bytes``.
-4. success: exit status 0 and not timed out (a child killed by OOM that the job survived
-   shows in ``Usage.oom_kills`` but does not fail the job).
-5. oom: the job failed (non-zero, killed or timed out) and the cgroup OOM-killed something.
-6. pids-exhausted: the job failed and a fork hit the pids limit.
+4. oom: the cgroup OOM-killed a process of the job, even if the job then exited 0 (a shell
+   whose ``dd`` into the memory-backed /tmp was killed goes on to exit 0: its work was
+   lost all the same, and the exit reason must say so).
+5. success: exit status 0 and not timed out.
+6. pids-exhausted: the job failed and a fork hit the pids limit (a job that copes with a
+   failed fork and exits 0 succeeded).
 7. timeout: the wall-clock limit was reached.
 8. nonzero-exit: anything else.
 """
@@ -48,10 +50,10 @@ def classify(o: Observation) -> ExitReason:
         return ExitReason.PREEMPTED
     if o.output_bytes > o.max_output_bytes:
         return ExitReason.OUTPUT_TOO_LARGE
-    if o.exit_code == 0 and not o.timed_out:
-        return ExitReason.SUCCESS
     if o.oom_kills > 0:
         return ExitReason.OOM
+    if o.exit_code == 0 and not o.timed_out:
+        return ExitReason.SUCCESS
     if o.pids_limit_hits > 0:
         return ExitReason.PIDS_EXHAUSTED
     if o.timed_out:

@@ -18,9 +18,21 @@ from protocol.encoding import decode, encode
 from protocol.envelope import MESSAGE_TYPES, open_signed, seal
 from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PrivateKey
-from protocol.messages import Bid, ExitReason, Offer, Prices, Resources, Usage
+from protocol.limits import OutOfBounds
+from protocol.limits import check_limits as limits_of
+from protocol.messages import (
+    Bid,
+    Checkpoint,
+    ExitReason,
+    JobSpec,
+    Offer,
+    Prices,
+    Resources,
+    Usage,
+)
 from protocol.schema import from_value
 from protocol.settlement import charge
+from protocol.usage import Observation, classify
 
 
 def _cases():
@@ -115,6 +127,23 @@ def check_settlement(case):
         ExitReason(case["exit_reason"]),
     )
     assert got == case["charge"]
+
+
+def check_exit_reasons(case):
+    assert classify(Observation(**case["observed"])).value == case["exit_reason"]
+
+
+def check_limits(case):
+    job = from_value(JobSpec, from_json(case["job"]))
+    resources = from_value(Resources, from_json(case["resources"]))
+    checkpoint = case["checkpoint"] and from_value(Checkpoint, from_json(case["checkpoint"]))
+    if case["valid"]:
+        limits_of(job, resources, checkpoint)
+    else:
+        with pytest.raises(OutOfBounds) as info:
+            limits_of(job, resources, checkpoint)
+        assert info.value.reason.value == case["error"]
+        assert info.value.field == case["field"]
 
 
 @pytest.mark.parametrize(("kind", "case"), list(_cases()))

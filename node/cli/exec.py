@@ -1,7 +1,8 @@
 """``cx exec``: run one job locally from the store, exactly as a provider would, no network.
 
 Progress goes to stderr, the result (a table, or ``--json``) to stdout. Exit status: the
-job's own exit code when it ran (0 on success), 2 for unusable input, 3 for a provider fault.
+job's own exit code when it ran (0 on success), 2 for unusable input (a limit outside
+protocol.limits' bounds among it: refused before anything runs), 3 for a provider fault.
 """
 
 from __future__ import annotations
@@ -21,6 +22,8 @@ import trio
 from node.cli.image import add_home_option, resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
 from node.storage.image import ImageError
+from node.storage.store import BlobStore
+from protocol.limits import OutOfBounds, check_limits, check_pids_limit
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
 
 __all__ = ["register"]
@@ -29,6 +32,17 @@ EXIT_INPUT = 2
 EXIT_FAULT = 3
 _UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
 _TIME = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
+# The option a user typed for each field protocol.limits names.
+_OPTION = {
+    "resources.cpu_milli": "--cpu",
+    "resources.memory_bytes": "--memory",
+    "resources.disk_bytes": "--disk",
+    "job.wall_ms": "--timeout",
+    "job.max_output_bytes": "--max-output",
+    "job.output_path": "--output-path",
+    "checkpoint.path": "--checkpoint-dir",
+    "pids_limit": "--pids",
+}
 
 
 def _bytes(text: str) -> int:
@@ -95,6 +109,9 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     try:
         return trio.run(_exec, args, tuple(command))
+    except OutOfBounds as exc:  # say which option
+        print(f"cx exec: {_OPTION.get(exc.field, exc.field)}: {exc.why}", file=sys.stderr)
+        return EXIT_INPUT
     except (ImageError, CapacityExceeded, ValueError, OSError) as exc:
         print(f"cx exec: {exc}", file=sys.stderr)
         return EXIT_INPUT
@@ -102,6 +119,13 @@ def _run(args: argparse.Namespace) -> int:
 
 async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     resources = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
+    store = BlobStore(args.home / "store")
+    spec = _job(args, store, command)
+    checkpoint = None
+    if args.checkpoint_dir or args.resume:
+        checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)
+    check_limits(spec, resources, checkpoint)  # before anything is mounted or started
+    check_pids_limit(args.pids)
     executor = Executor(
         ExecutorConfig(
             store_root=args.home / "store",
@@ -111,42 +135,45 @@ async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
             runtime=args.runtime,
         )
     )
-    image = resolve_image(executor.store, args.image)
-    inputs = []
-    for item in args.input:
-        src, sep, dest = item.rpartition(":")
-        if not sep or not dest.startswith("/"):
-            raise ValueError(f"--input {item!r}: use FILE:/container/path")
-        digest = executor.store.put_file(src)
-        inputs.append(DataRef(digest=digest, path=dest, size=executor.store.size(digest)))
-    env = dict(e.split("=", 1) for e in args.env if "=" in e)
-    spec = JobSpec(
-        image=image,
-        command=command,
-        env=env,
-        inputs=tuple(inputs),
-        output_path=args.output_path,
-        max_output_bytes=args.max_output,
-        wall_ms=args.timeout,
-        network=args.network,
-    )
-    checkpoint = None
-    if args.checkpoint_dir or args.resume:
-        checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)
     t0 = time.monotonic()
 
     def progress(step: str) -> None:
         print(f"[{time.monotonic() - t0:7.3f}s] {step}", file=sys.stderr)
 
-    progress(f"cgroup {executor.mode.value}, runtime {executor.runtime.describe()}")
-    result = await executor.run_job(spec, resources, checkpoint=checkpoint, progress=progress)
-    progress(f"done: {result.exit_reason.value}")
+    try:
+        progress(f"cgroup {executor.mode.value}, runtime {executor.runtime.describe()}")
+        result = await executor.run_job(spec, resources, checkpoint=checkpoint, progress=progress)
+        progress(f"done: {result.exit_reason.value}")
+    finally:
+        executor.close()
     if args.output_dir is not None:
         _export(executor, result, args.output_path, args.output_dir)
     print(json.dumps(_as_json(result)) if args.json else _table(executor, result))
     if result.exit_reason is ExitReason.PROVIDER_FAULT:
         return EXIT_FAULT
     return 0 if result.exit_reason is ExitReason.SUCCESS else max(1, result.exit_code & 0xFF)
+
+
+def _job(args: argparse.Namespace, store: BlobStore, command: tuple[str, ...]) -> JobSpec:
+    """The job the flags describe; its inputs are stored."""
+    image = resolve_image(store, args.image)
+    inputs = []
+    for item in args.input:
+        src, sep, dest = item.rpartition(":")
+        if not sep or not dest.startswith("/"):
+            raise ValueError(f"--input {item!r}: use FILE:/container/path")
+        digest = store.put_file(src)
+        inputs.append(DataRef(digest=digest, path=dest, size=store.size(digest)))
+    return JobSpec(
+        image=image,
+        command=command,
+        env=dict(e.split("=", 1) for e in args.env if "=" in e),
+        inputs=tuple(inputs),
+        output_path=args.output_path,
+        max_output_bytes=args.max_output,
+        wall_ms=args.timeout,
+        network=args.network,
+    )
 
 
 def _export(executor: Executor, result: JobResult, output_path: str, dest: Path) -> None:
@@ -177,6 +204,7 @@ def _as_json(r: JobResult) -> dict[str, Any]:
         "checkpoint": r.checkpoint,
         "stdout": r.stdout,
         "stderr": r.stderr,
+        "truncated_logs": list(r.truncated_logs),
         "detail": r.detail,
     }
 
@@ -195,6 +223,8 @@ def _table(executor: Executor, r: JobResult) -> str:
     ]
     if r.checkpoint:
         rows.append(("checkpoint", r.checkpoint))
+    if r.truncated_logs:
+        rows.append(("logs cut at 8 MiB", ", ".join(r.truncated_logs)))
     if r.detail:
         rows.append(("detail", r.detail))
     rows += [(f"output {o.path}", f"{o.digest} ({o.size} bytes)") for o in r.outputs]

@@ -1,9 +1,11 @@
 """Execution: run one agreed job in a real OCI container with enforced limits, and meter it.
 
 - ``executor``: admission against capacity, the job's lifecycle, outputs and usage.
-- ``runtime``: crun or runc; ``cgroups``: v1/v2 detection and usage counters;
-  ``mounts``: namespaces and mounts; ``ocispec``: the container's config.json;
-  ``gpu``: NVIDIA GPU detection and wiring.
+- ``runtime``: crun or runc; ``mountns`` (with ``mountns_child``): the private mount
+  namespace crun needs on hybrid hosts, held by one helper process; ``cgroups``: v1/v2
+  detection, usage counters, removal; ``mounts``: the job areas' mounts; ``janitor``:
+  cleanup after a job's result; ``ocispec``: the container's config.json; ``gpu``: NVIDIA
+  GPU detection and wiring.
 """
 
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult

@@ -1,10 +1,15 @@
-"""Find a job's cgroup and read its usage counters, on cgroup v1, hybrid and v2 hosts.
+"""Place a job's cgroup, read its usage counters and remove it, on cgroup v1, hybrid and v2.
 
 Rules:
 - The host's mode is decided once from /proc/self/mountinfo: ``v2`` when /sys/fs/cgroup is
   cgroup2, ``hybrid`` when v1 controllers sit beside a cgroup2 mount (ours), else ``v1``.
-- A job's cgroup is located from ``/proc/<init pid>/cgroup`` after ``create``, so it does not
-  matter where a runtime places a relative ``cgroupsPath`` (crun and runc differ).
+  Where each hierarchy is mounted is read at the same time (:class:`Hierarchies`).
+- A job's cgroup path is absolute (``/cx/<job>``), which crun and runc place alike, at the
+  root of every hierarchy (a relative path they place differently, PLATFORM.md); so where
+  its counters are, and what to remove, follows from the path alone.
+- Removal does not depend on how far the job got: every hierarchy is swept for the path,
+  deepest directories first, and processes still inside are killed (a runtime that failed
+  half-way through ``create`` leaves its cgroups behind).
 - Counters, v1 / v2 (see PLATFORM.md): ``cpuacct.usage`` / ``cpu.stat usage_usec``;
   ``memory.max_usage_in_bytes`` / ``memory.peak``; ``memory.oom_control oom_kill`` /
   ``memory.events oom_kill``; ``pids.peak`` and ``pids.events max`` on both;
@@ -14,18 +19,23 @@ Rules:
 
 from __future__ import annotations
 
+import contextlib
 import enum
+import errno
 import logging
+import os
+import signal
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
 __all__ = [
     "CgroupMode",
     "Counters",
+    "Hierarchies",
     "JobCgroup",
-    "detect_mode",
-    "locate",
-    "parse_mode",
+    "detect_hierarchies",
+    "parse_hierarchies",
     "read_counters",
 ]
 
@@ -36,41 +46,6 @@ class CgroupMode(enum.StrEnum):
     V1 = "v1"
     HYBRID = "hybrid"
     V2 = "v2"
-
-
-def parse_mode(mountinfo: str) -> CgroupMode:
-    """The cgroup mode from the text of /proc/self/mountinfo."""
-    v1 = False
-    v2_at: set[str] = set()
-    for line in mountinfo.splitlines():
-        left, _, right = line.partition(" - ")
-        fields, rfields = left.split(), right.split()
-        if len(fields) < 5 or not rfields:
-            continue
-        if rfields[0] == "cgroup2":
-            v2_at.add(fields[4])
-        elif rfields[0] == "cgroup":
-            v1 = True
-    if "/sys/fs/cgroup" in v2_at:
-        return CgroupMode.V2
-    return CgroupMode.HYBRID if v1 and v2_at else CgroupMode.V1
-
-
-def detect_mode() -> CgroupMode:
-    return parse_mode(Path("/proc/self/mountinfo").read_text())
-
-
-def v1_mounts(mountinfo: str) -> dict[str, Path]:
-    """controller name -> v1 hierarchy mount point."""
-    out: dict[str, Path] = {}
-    for line in mountinfo.splitlines():
-        left, _, right = line.partition(" - ")
-        fields, rfields = left.split(), right.split()
-        if len(rfields) < 3 or rfields[0] != "cgroup":
-            continue
-        for opt in rfields[2].split(","):
-            out.setdefault(opt.removeprefix("name="), Path(fields[4]))
-    return out
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -86,33 +61,88 @@ class JobCgroup:
         return d / name if d is not None else None
 
 
-def parse_proc_cgroup(
-    text: str, mode: CgroupMode, mounts: dict[str, Path], v2_root: Path
-) -> JobCgroup:
-    """A JobCgroup from the text of /proc/<pid>/cgroup."""
-    dirs: dict[str, Path] = {}
-    for line in text.splitlines():
-        parts = line.split(":", 2)
-        if len(parts) != 3:
-            continue
-        _, controllers, path = parts
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Hierarchies:
+    """This host's cgroup mode and mount points: ``v1`` maps each v1 controller to its
+    hierarchy, ``unified`` is the cgroup2 mount (if any), ``roots`` every hierarchy."""
+
+    mode: CgroupMode
+    v1: dict[str, Path]
+    unified: Path | None
+    roots: tuple[Path, ...]
+
+    def job(self, path: str) -> JobCgroup:
+        """The cgroup at absolute ``path`` (e.g. ``/cx/<job>``) in every hierarchy."""
         rel = path.lstrip("/")
-        if controllers == "":
-            if mode is CgroupMode.V2:
-                dirs[""] = v2_root / rel
+        if self.mode is CgroupMode.V2:
+            assert self.unified is not None
+            return JobCgroup(mode=self.mode, dirs={"": self.unified / rel})
+        return JobCgroup(mode=self.mode, dirs={c: m / rel for c, m in self.v1.items()})
+
+    def remove(self, path: str) -> list[Path]:
+        """Remove the cgroup at absolute ``path`` and everything under it from every
+        hierarchy, killing processes still inside; return what could not be removed."""
+        rel = path.lstrip("/")
+        left = []
+        for root in self.roots:
+            top = root / rel
+            if not top.is_dir():
+                continue
+            below = sorted((d for d, _, _ in os.walk(top)), key=len, reverse=True)
+            left += [Path(d) for d in below if not _rmdir_cgroup(Path(d))]
+        return left
+
+
+def parse_hierarchies(mountinfo: str) -> Hierarchies:
+    """The cgroup mode and mount points from the text of /proc/self/mountinfo."""
+    v1: dict[str, Path] = {}
+    roots: list[Path] = []
+    unified: Path | None = None
+    for line in mountinfo.splitlines():
+        left, _, right = line.partition(" - ")
+        fields, rfields = left.split(), right.split()
+        if len(fields) < 5 or not rfields:
             continue
-        for c in controllers.split(","):
-            c = c.removeprefix("name=")
-            if c in mounts:
-                dirs[c] = mounts[c] / rel
-    return JobCgroup(mode=mode, dirs=dirs)
+        point = Path(fields[4])
+        if rfields[0] == "cgroup2":
+            unified = unified if unified == Path("/sys/fs/cgroup") else point
+            roots.append(point)
+        elif rfields[0] == "cgroup" and len(rfields) >= 3:
+            roots.append(point)
+            for opt in rfields[2].split(","):
+                if opt not in ("rw", "ro"):
+                    v1.setdefault(opt.removeprefix("name="), point)
+    if unified == Path("/sys/fs/cgroup"):
+        mode = CgroupMode.V2
+    else:
+        mode = CgroupMode.HYBRID if v1 and unified else CgroupMode.V1
+    return Hierarchies(mode=mode, v1=v1, unified=unified, roots=tuple(dict.fromkeys(roots)))
 
 
-def locate(pid: int, mode: CgroupMode) -> JobCgroup:
-    """The cgroup of a live process. Raises OSError if it is gone."""
-    text = Path(f"/proc/{pid}/cgroup").read_text()
-    mounts = v1_mounts(Path("/proc/self/mountinfo").read_text())
-    return parse_proc_cgroup(text, mode, mounts, Path("/sys/fs/cgroup"))
+def detect_hierarchies() -> Hierarchies:
+    return parse_hierarchies(Path("/proc/self/mountinfo").read_text())
+
+
+def _rmdir_cgroup(d: Path, attempts: int = 50) -> bool:
+    """rmdir one cgroup; on EBUSY kill what is still inside and try again for a while
+    (killed processes leave the cgroup a moment after the signal)."""
+    for _ in range(attempts):
+        try:
+            d.rmdir()
+            return True
+        except FileNotFoundError:
+            return True
+        except OSError as exc:
+            if exc.errno != errno.EBUSY:
+                log.warning("cannot remove cgroup %s: %s", d, exc)
+                return False
+        with contextlib.suppress(OSError):
+            for pid in (d / "cgroup.procs").read_text().split():
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(int(pid), signal.SIGKILL)
+        time.sleep(0.01)
+    log.warning("cgroup %s still busy after killing its processes", d)
+    return False
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -3,13 +3,19 @@
 Rules:
 - Capacity: a job is admitted only if its resources fit in what is left of the offered
   capacity (GPUs by index); otherwise :class:`CapacityExceeded` and nothing runs.
+- Limits: every job's limits are checked by protocol.limits before admission (the same rule
+  a provider applies to proposed terms); a job outside them raises InvalidMessage and
+  nothing runs.
 - Layout of a job (``<work>/jobs/<id>``): ``root`` is an overlay of the unpacked image
   (read-only in the container), ``out`` a tmpfs capped at ``max_output_bytes`` (+ one page so
   that "more than the cap" is observable), ``ckpt`` a tmpfs for the checkpoint directory,
-  ``logs`` a small tmpfs for stdout/stderr. Inputs are verified and bind-mounted read-only
-  from the store. /tmp is a container tmpfs of ``disk_bytes`` (or a default). tmpfs pages are
-  charged to the job's memory cgroup, so no write escapes the memory limit either.
-- Wall clock: from ``start`` until init exits. At ``wall_ms`` the job is killed (timeout).
+  ``stdout`` and ``stderr`` a tmpfs each, capped at ``LOG_CAP_BYTES`` (+ one page): a log
+  past its cap is cut there and named in ``JobResult.truncated_logs``. Inputs are verified
+  and bind-mounted read-only from the store. /tmp is a container tmpfs of ``disk_bytes`` (or
+  a default). tmpfs pages are charged to the job's memory cgroup, so no write escapes the
+  memory limit either. Every path is absolute (a relative home is resolved first).
+- Wall clock: from the moment the runtime has started the job until init exits. At
+  ``wall_ms`` the job is killed (timeout).
   On preemption the declared signal goes to the job's init, then after ``grace_ms`` SIGKILL;
   a PID-1 without a handler ignores the first signal, which is the job's contract to keep.
 - Usage is read from the job's cgroup after init exits and before ``delete``; the exit
@@ -19,12 +25,17 @@ Rules:
   O_NOFOLLOW|O_NONBLOCK (the job controls that tree). The checkpoint directory, if not
   empty, becomes one reproducible tar blob; ``resume_from`` unpacks one into it.
 - Anything that goes wrong on the provider's side after admission yields a result with
-  ``provider-fault`` (logged with the traceback); cleanup always runs.
+  ``provider-fault`` (logged with the traceback). Cleanup always runs and does not depend
+  on how far the job got: the container is deleted, the job's cgroup (``/cx/<id>``) is
+  removed from every hierarchy even if the runtime failed half-way, the areas unmounted.
+  It runs after the result is returned, on the janitor's thread (``settled`` waits for
+  it); the job's capacity is free at once, its container having exited.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
 import io
 import json
 import logging
@@ -37,19 +48,32 @@ import stat
 import tarfile
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path, PurePosixPath
+from typing import Any
 
 import trio
 
 from node.exec import mounts
-from node.exec.cgroups import CgroupMode, Counters, detect_mode, locate, read_counters
+from node.exec.cgroups import CgroupMode, Counters, detect_hierarchies, read_counters
 from node.exec.gpu import GpuDevice, wire_gpus
+from node.exec.janitor import Janitor
+from node.exec.jobsdir import JobsDir
 from node.exec.ocispec import Bind, JobConfig, build_config
 from node.exec.runtime import Runtime, RuntimeFault, choose_runtime
 from node.storage.image import ID_MAP_BASE, RootfsCache, image_config
 from node.storage.store import BlobStore
-from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources, Usage
+from protocol.limits import check_limits, check_pids_limit
+from protocol.messages import (
+    LOG_CAP_BYTES,
+    LOG_PATHS,
+    Checkpoint,
+    DataRef,
+    ExitReason,
+    JobSpec,
+    Resources,
+    Usage,
+)
 from protocol.usage import Observation, classify, exit_code_of
 
 __all__ = ["CapacityExceeded", "Executor", "ExecutorConfig", "JobResult"]
@@ -57,9 +81,11 @@ __all__ = ["CapacityExceeded", "Executor", "ExecutorConfig", "JobResult"]
 log = logging.getLogger(__name__)
 
 _PAGE = 4096
-_LOG_BYTES = 8 * 1024 * 1024
+_LOGS = tuple(PurePosixPath(p).name for p in LOG_PATHS)  # "stdout", "stderr"
 _DEFAULT_SCRATCH = 64 * 1024 * 1024
 _CKPT_BYTES = 256 * 1024 * 1024
+# A job id names its directory, cgroup and container: nothing that could leave them.
+_JOB_ID = re.compile(r"[A-Za-z0-9][A-Za-z0-9_-]{0,63}")
 # How crun and runc say the job's executable is missing from the image.
 _COMMAND_MISSING = re.compile(
     r"executable file .* not found|exec: .*(no such file or directory|not found)", re.I
@@ -90,7 +116,18 @@ class JobResult:
     checkpoint: str | None = None
     stdout: str | None = None  # blob digests of the job's logs
     stderr: str | None = None
+    truncated_logs: tuple[str, ...] = ()  # LOG_PATHS cut at LOG_CAP_BYTES
     detail: str = ""
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class _Gathered:
+    counters: Counters
+    output_bytes: int
+    outputs: tuple[DataRef, ...]
+    checkpoint: str | None
+    logs: tuple[str | None, ...]  # stdout, stderr
+    truncated_logs: tuple[str, ...]
 
 
 @dataclass(slots=True)
@@ -116,23 +153,38 @@ class Executor:
     """Runs jobs; one per provider process. Create it, then ``await run_job(...)``."""
 
     def __init__(self, config: ExecutorConfig) -> None:
+        """Raises:
+        InvalidMessage: the pids limit is out of bounds (protocol.limits).
+        PermissionError: a directory above the store or work area is not searchable.
+        """
+        check_pids_limit(config.pids_limit)
+        # The runtime resolves relative paths against the bundle, not our working directory.
+        config = replace(
+            config, store_root=config.store_root.resolve(), work_root=config.work_root.resolve()
+        )
         self.config = config
         self.store = BlobStore(config.store_root)
         self.rootfs = RootfsCache(self.store)
         self._unpacking = trio.Lock()  # one unpack at a time: concurrent jobs share it
-        self.jobs_dir = config.work_root / "jobs"
-        self.jobs_dir.mkdir(parents=True, exist_ok=True)
+        config.work_root.mkdir(parents=True, exist_ok=True)
         config.work_root.chmod(0o711)
-        self.jobs_dir.chmod(0o711)
         for root in (config.store_root, config.work_root):
-            _check_searchable(root.resolve())
-        self.mode = detect_mode()
+            _check_searchable(root)
+        self.cgroups = detect_hierarchies()
+        self.mode = self.cgroups.mode
         self.runtime: Runtime = choose_runtime(self.mode, config.work_root, config.runtime)
+        self.jobs_dir = config.work_root / "jobs"
+        self._jobs = JobsDir(self.jobs_dir)  # a shared tmpfs, until close()
+        self._jobs.open()
         self._in_use = Resources(cpu_milli=0, memory_bytes=0, disk_bytes=0, gpus=0)
         self._free_gpus = list(config.gpus)
         self._running: dict[str, _Running] = {}
-        self._swap = self._swap_accounting()
-        self._block_dev = _block_device(config.store_root)
+        self._janitor = Janitor()
+        self._image_configs: dict[str, dict[str, Any]] = {}
+        # What every job's config.json says about this host (bench/executor.py uses the same).
+        self.swap_accounting = self._swap_accounting()
+        v2 = self.mode is CgroupMode.V2
+        self.block_device = None if v2 else _block_device(config.store_root)
         mounts.prctl_subreaper()
         log.info(
             "executor: cgroup %s, runtime %s, capacity %s",
@@ -151,13 +203,27 @@ class Executor:
         return self.config.capacity.minus(self._in_use)
 
     async def recover(self) -> None:
-        """Clean up after a crash: delete our leftover containers, unmount job areas."""
+        """Clean up after a crash: delete our leftover containers, their cgroups and job
+        areas."""
         for cid in await self.runtime.list_ids():
-            if cid.startswith("cx-"):
-                with contextlib.suppress(RuntimeFault):
-                    await self.runtime.delete(cid)
+            if cid.startswith("cx-") and len(cid) > 3:
+                job_id = cid.removeprefix("cx-")
+                self._janitor.submit(job_id, functools.partial(self._clean_up, job_id, cid, None))
         for job in self.jobs_dir.iterdir():
-            _teardown_dir(job)
+            self._janitor.submit(job.name, functools.partial(self._clean_up, job.name, None, job))
+        await self.settled()
+        await self.runtime.ready()  # the first job need not wait for the namespace helper
+
+    async def settled(self) -> None:
+        """Wait until every job that has ended is cleaned up."""
+        await trio.to_thread.run_sync(self._janitor.drain)
+
+    def close(self) -> None:
+        """Finish the cleanups under way, stop the runtime's helper process, if any, and
+        let go of the jobs tmpfs. Blocks; the executor is not to be used afterwards."""
+        self._janitor.drain()
+        self.runtime.close()
+        self._jobs.close()
 
     def preempt(self, job_id: str) -> bool:
         """Ask a running job to stop (declared signal, grace, kill). False if not running."""
@@ -179,9 +245,14 @@ class Executor:
         """Run ``spec`` within ``resources``; return what happened.
 
         Raises:
+            InvalidMessage: a limit is out of bounds (protocol.limits; nothing ran).
             CapacityExceeded: the job does not fit now (nothing ran).
+            ValueError: ``job_id`` is not a plain name, or that job is running.
         """
+        check_limits(spec, resources, checkpoint)
         job_id = job_id or os.urandom(8).hex()
+        if not _JOB_ID.fullmatch(job_id):
+            raise ValueError(f"job id {job_id!r}: letters, digits, - and _ only, at most 64")
         if not resources.fits_in(self.free):
             raise CapacityExceeded(
                 f"job needs {resources}, free is {self.free}: wait for a job to finish"
@@ -212,33 +283,29 @@ class Executor:
         say = progress or (lambda _msg: None)
         cid = f"cx-{job_id}"
         job = self.jobs_dir / job_id
-        created = False
+        started = False
         t_start: float | None = None
         try:
+            if job.exists():  # the same id ran before and is still being cleaned up
+                await self.settled()
             job.mkdir(mode=0o711)
             bundle = await self._prepare(job, job_id, spec, resources, checkpoint, gpus, say)
-            out_fd = os.open(job / "logs" / "stdout", os.O_WRONLY | os.O_CREAT, 0o644)
-            err_fd = os.open(job / "logs" / "stderr", os.O_WRONLY | os.O_CREAT, 0o644)
+            say("starting container")
+            started = True
+            out, err = (job / name / "log" for name in _LOGS)
             try:
-                say("creating container")
-                created = True
-                await self.runtime.create(cid, bundle, job / "pid", out_fd, err_fd)
+                await self.runtime.run_detached(cid, bundle, job / "pid", out, err)
             except RuntimeFault as exc:
                 # The runtime's own complaint went to the job's stderr file.
-                said = (job / "logs" / "stderr").read_text(errors="replace")[-2000:].strip()
+                said = err.read_text(errors="replace")[-2000:].strip()
                 if _COMMAND_MISSING.search(said):
                     # The buyer's command does not exist in the image: the job's failure.
                     return _not_found(job_id, said)
-                raise RuntimeFault(f"{exc} {said}") from exc
-            finally:
-                os.close(out_fd)
-                os.close(err_fd)
+                raise RuntimeFault(f"{exc}: {said}") from exc
+            t_start = time.monotonic()
             pid = int((job / "pid").read_text())
-            cgroup = locate(pid, self.mode)
-            pidfd = os.pidfd_open(pid)
+            pidfd = os.pidfd_open(pid)  # init is our child (subreaper): a zombie at worst
             try:
-                t_start = time.monotonic()
-                await self.runtime.start(cid)
                 say(f"running (pid {pid})")
                 timed_out, preempted, status = await self._wait(
                     pid, pidfd, spec.wall_ms, checkpoint, running
@@ -246,10 +313,9 @@ class Executor:
             finally:
                 os.close(pidfd)
             wall_ms = int((time.monotonic() - t_start) * 1000)
-            counters = read_counters(cgroup)
             say("collecting outputs")
             return await self._collect(
-                job_id, job, spec, checkpoint, status, counters, wall_ms, timed_out, preempted
+                job_id, job, spec, checkpoint, status, wall_ms, timed_out, preempted
             )
         except Exception as exc:  # per-job top: a provider fault, never the buyer's job
             log.exception("job %s: provider fault", job_id)
@@ -262,13 +328,25 @@ class Executor:
                 detail=f"{type(exc).__name__}: {exc}",
             )
         finally:
-            with trio.CancelScope(shield=True):
-                if created:
-                    try:
-                        await self.runtime.delete(cid)
-                    except RuntimeFault:
-                        log.warning("job %s: delete failed", job_id, exc_info=True)
-                await trio.to_thread.run_sync(_teardown_dir, job)
+            self._janitor.submit(
+                job_id, functools.partial(self._clean_up, job_id, cid if started else None, job)
+            )
+
+    def _clean_up(self, job_id: str, cid: str | None, job: Path | None) -> None:
+        """Whatever the runtime did or failed to do, leave no container ``cid``, cgroup,
+        mount or file of the job. Blocks (the janitor's thread)."""
+        if not job_id:
+            raise ValueError("no job id: refusing to sweep all of /cx")
+        if cid is not None:
+            try:
+                self.runtime.delete(cid)
+            except RuntimeFault:
+                log.warning("job %s: delete failed", job_id, exc_info=True)
+        left = self.cgroups.remove(_cgroup_path(job_id))
+        if left:
+            log.warning("job %s: cgroups left behind: %s", job_id, left)
+        if job is not None:
+            _teardown_dir(job)
 
     async def _prepare(
         self,
@@ -285,8 +363,9 @@ class Executor:
             if lower is None:
                 say(f"unpacking image {spec.image[:19]}")
                 lower = await trio.to_thread.run_sync(self.rootfs.unpack, spec.image)
-        img = image_config(self.store, spec.image)
-        for sub in ("root", "upper", "work", "out", "logs"):
+        img = self._image_configs.get(spec.image) or image_config(self.store, spec.image)
+        self._image_configs[spec.image] = img  # an image never changes under its digest
+        for sub in ("root", "upper", "work", "out", *_LOGS):
             (job / sub).mkdir()
         os.chown(job / "upper", ID_MAP_BASE, ID_MAP_BASE)
         (job / "upper").chmod(0o755)
@@ -294,7 +373,8 @@ class Executor:
         uid = gid = ID_MAP_BASE
         out_cap = -(-spec.max_output_bytes // _PAGE) * _PAGE + _PAGE
         mounts.mount_tmpfs(job / "out", size_bytes=out_cap, uid=uid, gid=gid)
-        mounts.mount_tmpfs(job / "logs", size_bytes=_LOG_BYTES, uid=0, gid=0)
+        for name in _LOGS:
+            mounts.mount_tmpfs(job / name, size_bytes=LOG_CAP_BYTES + _PAGE, uid=0, gid=0)
         binds = [Bind(source=str(job / "out"), destination=spec.output_path, readonly=False)]
         if checkpoint is not None:
             (job / "ckpt").mkdir()
@@ -322,25 +402,17 @@ class Executor:
                 args=spec.command,
                 env=[f"{k}={v}" for k, v in env.items()],
                 cwd=img.get("WorkingDir") or "/",
-                cgroups_path=f"cx/{job_id}",
+                cgroups_path=_cgroup_path(job_id),
                 cpu_milli=resources.cpu_milli,
                 memory_bytes=resources.memory_bytes,
                 pids_limit=self.config.pids_limit,
                 network=spec.network,
-                swap_accounting=self._swap,
+                swap_accounting=self.swap_accounting,
                 binds=binds,
                 devices=wiring.devices,
-                block_device=self._block_dev if self.mode is not CgroupMode.V2 else None,
+                block_device=self.block_device,
+                scratch_bytes=resources.disk_bytes or _DEFAULT_SCRATCH,
             )
-        )
-        scratch = resources.disk_bytes or _DEFAULT_SCRATCH
-        cfg["mounts"].append(
-            {
-                "destination": "/tmp",  # noqa: S108 - the container's own tmpfs
-                "type": "tmpfs",
-                "source": "tmpfs",
-                "options": ["nosuid", "nodev", "mode=1777", f"size={scratch}"],
-            }
         )
         (job / "config.json").write_text(json.dumps(cfg))
         return job
@@ -392,24 +464,13 @@ class Executor:
         spec: JobSpec,
         checkpoint: Checkpoint | None,
         code: int,
-        counters: Counters,
         wall_ms: int,
         timed_out: bool,
         preempted: bool,
     ) -> JobResult:
-        out_bytes = await trio.to_thread.run_sync(_tree_bytes, job / "out", spec.max_output_bytes)
-        outputs: tuple[DataRef, ...] = ()
-        if out_bytes <= spec.max_output_bytes:
-            outputs = await trio.to_thread.run_sync(
-                _store_outputs, self.store, job / "out", spec.output_path
-            )
-        ckpt_digest = None
-        if checkpoint is not None:
-            ckpt_digest = await trio.to_thread.run_sync(_store_checkpoint, self.store, job / "ckpt")
-        logs = [self._store_log(job / "logs" / n) for n in ("stdout", "stderr")]
-        keep = [o.digest for o in outputs] + [d for d in [ckpt_digest, *logs] if d]
-        if keep:
-            self.store.pin(f"job/{job_id}", keep)
+        # All the reading and storing in one trip to a worker thread.
+        got = await trio.to_thread.run_sync(self._gather, job_id, job, spec, checkpoint)
+        counters = got.counters
         reason = classify(
             Observation(
                 exit_code=code,
@@ -417,7 +478,7 @@ class Executor:
                 pids_limit_hits=counters.pids_limit_hits,
                 timed_out=timed_out,
                 preempted=preempted,
-                output_bytes=out_bytes,
+                output_bytes=got.output_bytes,
                 max_output_bytes=spec.max_output_bytes,
             )
         )
@@ -429,7 +490,7 @@ class Executor:
             io_write_bytes=counters.io_write_bytes,
             pids_peak=counters.pids_peak,
             oom_kills=counters.oom_kills,
-            checkpoint_ms=wall_ms if ckpt_digest else 0,
+            checkpoint_ms=wall_ms if got.checkpoint else 0,
         )
         log.info("job %s: %s (exit %d) %s", job_id, reason.value, code, usage)
         return JobResult(
@@ -437,16 +498,47 @@ class Executor:
             exit_reason=reason,
             exit_code=code,
             usage=usage,
-            outputs=outputs,
-            checkpoint=ckpt_digest,
-            stdout=logs[0],
-            stderr=logs[1],
+            outputs=got.outputs,
+            checkpoint=got.checkpoint,
+            stdout=got.logs[0],
+            stderr=got.logs[1],
+            truncated_logs=got.truncated_logs,
         )
 
-    def _store_log(self, path: Path) -> str | None:
-        if path.stat().st_size == 0:
-            return None
-        return self.store.put_file(path)
+    def _gather(
+        self, job_id: str, job: Path, spec: JobSpec, checkpoint: Checkpoint | None
+    ) -> _Gathered:
+        """Usage counters, outputs, checkpoint and logs of an ended job, stored and pinned.
+        Blocks (a worker thread)."""
+        counters = read_counters(self.cgroups.job(_cgroup_path(job_id)))
+        out_bytes = _tree_bytes(job / "out", spec.max_output_bytes)
+        outputs: tuple[DataRef, ...] = ()
+        if out_bytes <= spec.max_output_bytes:
+            outputs = _store_outputs(self.store, job / "out", spec.output_path)
+        ckpt = _store_checkpoint(self.store, job / "ckpt") if checkpoint is not None else None
+        kept = [self._store_log(job / name / "log") for name in _LOGS]
+        logs = tuple(digest for digest, _ in kept)
+        keep = [o.digest for o in outputs] + [d for d in [ckpt, *logs] if d]
+        if keep:
+            self.store.pin(f"job/{job_id}", keep)
+        return _Gathered(
+            counters=counters,
+            output_bytes=out_bytes,
+            outputs=outputs,
+            checkpoint=ckpt,
+            logs=logs,
+            truncated_logs=tuple(p for p, (_, cut) in zip(LOG_PATHS, kept, strict=True) if cut),
+        )
+
+    def _store_log(self, path: Path) -> tuple[str | None, bool]:
+        """The log's blob (None if empty), cut at LOG_CAP_BYTES, and whether it was cut."""
+        size = path.stat().st_size if path.exists() else 0
+        if size == 0:
+            return None, False
+        cut = size > LOG_CAP_BYTES
+        if cut:
+            os.truncate(path, LOG_CAP_BYTES)
+        return self.store.put_file(path), cut
 
 
 def _not_found(job_id: str, said: str) -> JobResult:
@@ -555,7 +647,12 @@ def _restore_checkpoint(store: BlobStore, digest: str, into: Path) -> None:
                 os.chown(parent, ID_MAP_BASE, ID_MAP_BASE)
 
 
+def _cgroup_path(job_id: str) -> str:
+    # Absolute: crun and runc place it alike, at the root of each hierarchy.
+    return f"/cx/{job_id}"
+
+
 def _teardown_dir(job: Path) -> None:
-    for sub in ("root", "out", "logs", "ckpt"):
+    for sub in ("root", "out", *_LOGS, "ckpt"):
         mounts.unmount(job / sub)
     shutil.rmtree(job, ignore_errors=True)

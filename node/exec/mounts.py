@@ -16,9 +16,10 @@ import os
 from pathlib import Path
 
 __all__ = [
-    "bind_over",
-    "make_private_namespace",
+    "make_shared",
     "mount_overlay",
+    "mount_points",
+    "mount_sources",
     "mount_tmpfs",
     "prctl_subreaper",
     "unmount",
@@ -36,11 +37,8 @@ _libc.umount2.argtypes = [ctypes.c_char_p, ctypes.c_int]
 
 MS_NOSUID = 0x2
 MS_NODEV = 0x4
-MS_BIND = 0x1000
-MS_REC = 0x4000
-MS_PRIVATE = 1 << 18
+MS_SHARED = 1 << 20
 MNT_DETACH = 0x2
-CLONE_NEWNS = 0x00020000
 PR_SET_CHILD_SUBREAPER = 36
 
 
@@ -61,18 +59,38 @@ def _mount(source: str, target: str | Path, fstype: str | None, flags: int, data
     _check(rc, f"mount {fstype or 'bind'} on {target}")
 
 
-def mount_tmpfs(target: Path, *, size_bytes: int, uid: int, gid: int, mode: int = 0o755) -> None:
-    """A tmpfs of at most ``size_bytes`` (rounded up to pages) at ``target``."""
+def mount_tmpfs(
+    target: Path, *, size_bytes: int, uid: int, gid: int, mode: int = 0o755, source: str = "tmpfs"
+) -> None:
+    """A tmpfs of at most ``size_bytes`` (rounded up to pages) at ``target``; ``source``
+    names it in the mount table."""
     data = f"size={max(size_bytes, 4096)},uid={uid},gid={gid},mode={mode:o}"
-    _mount("tmpfs", target, "tmpfs", MS_NOSUID | MS_NODEV, data)
+    _mount(source, target, "tmpfs", MS_NOSUID | MS_NODEV, data)
 
 
 def mount_overlay(target: Path, *, lower: Path, upper: Path, work: Path) -> None:
     _mount("overlay", target, "overlay", 0, f"lowerdir={lower},upperdir={upper},workdir={work}")
 
 
-def bind_over(source: Path, target: Path) -> None:
-    _mount(str(source), target, None, MS_BIND, "")
+def make_shared(target: Path) -> None:
+    """Mounts made under ``target`` from now on propagate to the namespaces copied from it."""
+    _check(_libc.mount(None, str(target).encode(), None, MS_SHARED, None), f"make {target} shared")
+
+
+def mount_sources() -> list[tuple[str, str]]:
+    """(mount point, source) of every mount this process sees, in mount order."""
+    out = []
+    with open("/proc/self/mountinfo") as f:
+        for line in f:
+            left, _, right = line.partition(" - ")
+            fields, rfields = left.split(), right.split()
+            if len(fields) >= 5 and len(rfields) >= 2:
+                out.append((fields[4], rfields[1]))
+    return out
+
+
+def mount_points() -> list[str]:
+    return [point for point, _ in mount_sources()]
 
 
 def unmount(target: Path) -> None:
@@ -80,13 +98,6 @@ def unmount(target: Path) -> None:
     rc = _libc.umount2(str(target).encode(), MNT_DETACH)
     if rc != 0 and ctypes.get_errno() not in (22, 2):  # EINVAL: not a mount; ENOENT
         _check(rc, f"umount {target}")
-
-
-def make_private_namespace() -> None:
-    """Move the calling (single-threaded, e.g. just-forked) process into a private mount
-    namespace whose mounts do not propagate back to the host."""
-    _check(_libc.unshare(CLONE_NEWNS), "unshare(CLONE_NEWNS)")
-    _mount("none", "/", None, MS_REC | MS_PRIVATE, "")
 
 
 def prctl_subreaper() -> None:

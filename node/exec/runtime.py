@@ -1,15 +1,18 @@
 """Drive an OCI runtime (crun or runc) through one container's lifecycle.
 
 Rules:
-- Lifecycle is ``create`` -> ``start`` -> wait for init -> read cgroup -> ``delete``; ``run``
-  would delete the cgroup before usage can be read (PLATFORM.md).
+- Lifecycle is ``run --detach`` -> wait for init -> read cgroup -> ``delete``: a detached
+  run leaves the stopped container and its cgroup in place until ``delete``, so usage can
+  be read after the job ends, and costs one runtime call less than ``create`` + ``start``.
+  ``delete`` blocks (the executor runs it on its janitor's thread, after the result).
 - Which runtime, decided once at start-up from the cgroup mode and what is installed:
   pure v2 and pure v1: crun, else runc. Hybrid (v1 + a cgroup2 mount, our CI machines):
-  crun 1.8 refuses it, so crun runs inside a private mount namespace where an empty file
-  hides ``/sys/fs/cgroup/unified/cgroup.controllers`` (never unmount that hierarchy); runc
-  works as is. ``CX_RUNTIME=runc|crun`` overrides the choice.
-- Every runtime call is a ``trio.run_process``; a failing call raises :class:`RuntimeFault`
-  with the runtime's own words.
+  crun 1.8 refuses it, so crun's ``run`` goes to the namespace helper (``mountns``), whose
+  private mount namespace hides ``/sys/fs/cgroup/unified/cgroup.controllers``; ``delete``,
+  ``kill`` and ``list`` do not look at the controllers and run directly. runc works as is.
+  ``CX_RUNTIME=runc|crun`` overrides the choice.
+- No call forks the node: commands are spawned (vfork) with nothing to run in the child
+  before ``exec``. A failing call raises :class:`RuntimeFault` with the runtime's own words.
 """
 
 from __future__ import annotations
@@ -18,20 +21,17 @@ import logging
 import os
 import shutil
 import subprocess
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import trio
 
 from node.exec.cgroups import CgroupMode
-from node.exec.mounts import bind_over, make_private_namespace
+from node.exec.mountns import MountNamespace, NamespaceFault
 
 __all__ = ["Runtime", "RuntimeFault", "choose_runtime"]
 
 log = logging.getLogger(__name__)
-
-_UNIFIED_CONTROLLERS = Path("/sys/fs/cgroup/unified/cgroup.controllers")
 
 
 class RuntimeFault(Exception):
@@ -45,76 +45,90 @@ class Runtime:
     # This executor's own container state (``--root``): a provider lists and cleans up only
     # its own containers, never those of another node on the same machine.
     state_root: Path
-    hide_unified: Path | None = None  # empty file to bind over cgroup.controllers (hybrid)
+    namespace: MountNamespace | None = None  # where ``run`` must happen (hybrid crun)
 
     def describe(self) -> str:
-        how = " in a private mount namespace (hybrid workaround)" if self.hide_unified else ""
+        how = " in a private mount namespace (hybrid workaround)" if self.namespace else ""
         return f"{self.name} ({self.binary}){how}"
 
-    def _preexec(self) -> Callable[[], None] | None:
-        empty = self.hide_unified
-        if empty is None:
-            return None
+    def _argv(self, *args: str) -> list[str]:
+        return [self.binary, "--root", str(self.state_root), *args]
 
-        def hide() -> None:  # runs in the forked child, before exec
-            make_private_namespace()
-            bind_over(empty, _UNIFIED_CONTROLLERS)
-
-        return hide
-
-    async def call(self, *args: str, stdout: int | None = None, stderr: int | None = None) -> str:
-        """Run ``<runtime> args``; return its stderr text (empty if redirected).
+    async def run_detached(
+        self, cid: str, bundle: Path, pid_file: Path, stdout: Path, stderr: Path
+    ) -> None:
+        """Create and start the container; return once it runs. Its init writes to the two
+        files (the runtime's own complaints go to ``stderr`` too).
 
         Raises:
-            RuntimeFault: non-zero exit.
+            RuntimeFault: the runtime failed (its words are at the end of ``stderr``).
         """
-        capture = stderr is None
-        where = {"capture_stderr": True} if capture else {"stderr": stderr}
-        proc = await trio.run_process(
-            [self.binary, "--root", str(self.state_root), *args],
-            stdin=subprocess.DEVNULL,
-            stdout=stdout if stdout is not None else subprocess.DEVNULL,
-            check=False,
-            preexec_fn=self._preexec(),
-            **where,
+        argv = self._argv(
+            "run", "--detach", "--bundle", str(bundle), "--pid-file", str(pid_file), cid
         )
-        err = proc.stderr.decode(errors="replace").strip() if capture and proc.stderr else ""
+        if self.namespace is not None:
+            try:
+                rc = await trio.to_thread.run_sync(self.namespace.run, argv, stdout, stderr)
+            except NamespaceFault as exc:
+                raise RuntimeFault(str(exc)) from exc
+        else:
+            flags = os.O_WRONLY | os.O_CREAT | os.O_APPEND | os.O_CLOEXEC
+            out, err = os.open(stdout, flags, 0o644), os.open(stderr, flags, 0o644)
+            try:
+                proc = await trio.run_process(
+                    argv, stdin=subprocess.DEVNULL, stdout=out, stderr=err, check=False
+                )
+            finally:
+                os.close(out)
+                os.close(err)
+            rc = proc.returncode
+        if rc != 0:
+            raise RuntimeFault(f"{self.name} run failed ({rc})")
+
+    def delete(self, cid: str) -> None:
+        """Delete the container, stopped or not. Blocks: call it from a worker thread.
+
+        Raises:
+            RuntimeFault: the runtime failed.
+        """
+        proc = subprocess.run(
+            self._argv("delete", "--force", cid),
+            stdin=subprocess.DEVNULL,
+            capture_output=True,
+            check=False,
+        )
         if proc.returncode != 0:
-            raise RuntimeFault(f"{self.name} {args[0]} failed ({proc.returncode}): {err}")
-        return err
-
-    async def create(
-        self, cid: str, bundle: Path, pid_file: Path, stdout: int, stderr: int
-    ) -> None:
-        """Create the container; its init inherits ``stdout``/``stderr`` (files: a pipe
-        would keep this call from returning until the job ends)."""
-        await self.call(
-            "create", "--bundle", str(bundle), "--pid-file", str(pid_file), cid,
-            stdout=stdout, stderr=stderr,
-        )  # fmt: skip
-
-    async def start(self, cid: str) -> None:
-        await self.call("start", cid)
-
-    async def kill(self, cid: str, signal: str) -> None:
-        await self.call("kill", cid, signal)
-
-    async def delete(self, cid: str) -> None:
-        await self.call("delete", "--force", cid)
+            err = proc.stderr.decode(errors="replace").strip()
+            raise RuntimeFault(f"{self.name} delete failed ({proc.returncode}): {err}")
 
     async def list_ids(self) -> list[str]:
         proc = await trio.run_process(
-            [self.binary, "--root", str(self.state_root), "list", "-q"],
-            capture_stdout=True,
-            capture_stderr=True,
-            check=False,
-            preexec_fn=self._preexec(),
+            self._argv("list", "-q"), capture_stdout=True, capture_stderr=True, check=False
         )
         return proc.stdout.decode().split() if proc.returncode == 0 else []
+
+    async def ready(self) -> None:
+        """Start the namespace helper, if any and not running.
+
+        Raises:
+            RuntimeFault: it could not set up the namespace.
+        """
+        if self.namespace is not None and not self.namespace.started:
+            try:
+                await trio.to_thread.run_sync(self.namespace.start)
+            except NamespaceFault as exc:
+                raise RuntimeFault(str(exc)) from exc
+
+    def close(self) -> None:
+        """End the namespace helper, if any (it starts again on the next ``run``)."""
+        if self.namespace is not None:
+            self.namespace.close()
 
 
 def choose_runtime(mode: CgroupMode, state_dir: Path, prefer: str | None = None) -> Runtime:
     """Pick the runtime for this host (see the module rules); log which path is in use.
+    The namespace helper, if any, sees job areas mounted under a shared mount
+    (``jobsdir``).
 
     Raises:
         RuntimeFault: no usable runtime is installed.
@@ -126,13 +140,14 @@ def choose_runtime(mode: CgroupMode, state_dir: Path, prefer: str | None = None)
         binary = crun if name == "crun" else runc if name == "runc" else None
         if binary is None:
             continue
-        hide = None
+        namespace = None
         state_root = state_dir / "runtime-state"
         state_root.mkdir(parents=True, exist_ok=True)
         if name == "crun" and mode is CgroupMode.HYBRID:
-            hide = state_dir / "empty-cgroup.controllers"
-            hide.touch()
-        rt = Runtime(name=name, binary=binary, state_root=state_root, hide_unified=hide)
+            empty = state_dir / "empty-cgroup.controllers"
+            empty.touch()
+            namespace = MountNamespace(empty)
+        rt = Runtime(name=name, binary=binary, state_root=state_root, namespace=namespace)
         log.info("cgroup mode %s: running jobs with %s", mode.value, rt.describe())
         return rt
     raise RuntimeFault(

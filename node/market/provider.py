@@ -330,6 +330,7 @@ class Provider:
             exit_code=result.exit_code,
             outputs=result.outputs,
             logs=logs,
+            truncated_logs=result.truncated_logs,
             checkpoint=result.checkpoint,
         )
 

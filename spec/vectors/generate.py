@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import json
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
@@ -26,11 +27,13 @@ from protocol.envelope import (
 )
 from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PrivateKey
+from protocol.limits import OutOfBounds, check_limits
 from protocol.messages import (
     ActivationAnswer,
     ActivationChallenge,
     Arch,
     Bid,
+    Checkpoint,
     Constraints,
     DataRef,
     Enrolment,
@@ -46,6 +49,7 @@ from protocol.messages import (
 )
 from protocol.schema import SignedInt, to_value
 from protocol.settlement import charge
+from protocol.usage import Observation, classify
 
 GIB = 1 << 30
 T0 = 1_800_000_000_000
@@ -272,6 +276,39 @@ def enrolment_messages() -> list[dict[str, object]]:
     return cases
 
 
+def truncation_messages(key: PrivateKey) -> list[dict[str, object]]:
+    """messages.md revision: logs cut at LOG_CAP_BYTES are named in ``truncated_logs``."""
+    cut = replace(sample_receipt(), truncated_logs=("/dev/stderr",))
+    receipt = to_value(sample_receipt())
+    stdout_only = [log for log in receipt["logs"] if log["path"] == "/dev/stdout"]  # type: ignore[attr-defined,index]
+    invalid = [
+        (
+            "receipt marking a log it does not carry as truncated",
+            resigned(
+                key,
+                "usage-receipt",
+                {**receipt, "logs": stdout_only, "truncated_logs": ["/dev/stderr"]},
+            ),
+        ),
+        (
+            "receipt marking a log truncated twice",
+            resigned(key, "usage-receipt", {**receipt, "truncated_logs": ["/dev/stdout"] * 2}),
+        ),
+        (
+            "receipt without truncated_logs",
+            resigned(
+                key,
+                "usage-receipt",
+                {k: v for k, v in receipt.items() if k != "truncated_logs"},
+            ),
+        ),
+    ]
+    return [valid_message(key, "usage-receipt with a truncated log", cut)] + [
+        {"name": n, "valid": False, "wire": w.hex(), "error": reason_of(w, open_signed)}
+        for n, w in invalid
+    ]
+
+
 def messages() -> None:
     key = PrivateKey.from_seed(seed("alice"))
     cases: list[dict[str, object]] = [
@@ -333,6 +370,7 @@ def messages() -> None:
     ]
     cases += revised_messages(key)
     cases += enrolment_messages()
+    cases += truncation_messages(key)
     write("messages", "messages", "spec/messages.md#test-vectors", cases)
 
 
@@ -496,9 +534,90 @@ def settlement() -> None:
     write("settlement", "settlement", "spec/settlement.md#test-vectors", cases)
 
 
+def limits() -> None:
+    """messages.md "Limits": a job's limits, and whether a provider may run them."""
+    job = sample_bid().job
+    res = Resources(cpu_milli=500, memory_bytes=64 << 20)
+    variants: list[tuple[str, JobSpec, Resources, Checkpoint | None]] = [
+        ("typical job", job, res, None),
+        ("smallest of everything", replace(job, wall_ms=1, max_output_bytes=0),
+         Resources(cpu_milli=10, memory_bytes=4 << 20), Checkpoint(grace_ms=0)),
+        ("largest of everything", replace(job, wall_ms=30 * 24 * HOUR, max_output_bytes=1 << 46),
+         Resources(cpu_milli=1_024_000, memory_bytes=1 << 46, disk_bytes=1 << 46, gpus=256),
+         Checkpoint(grace_ms=600_000, signal="SIGUSR1", path="/state")),
+        ("memory 0", job, replace(res, memory_bytes=0), None),
+        ("memory 1 byte", job, replace(res, memory_bytes=1), None),
+        ("memory one byte under 4 MiB", job, replace(res, memory_bytes=(4 << 20) - 1), None),
+        ("memory 2^64 - 1", job, replace(res, memory_bytes=2**64 - 1), None),
+        ("cpu 0", job, replace(res, cpu_milli=0), None),
+        ("cpu 9 millicores", job, replace(res, cpu_milli=9), None),
+        ("cpu a billion cores", job, replace(res, cpu_milli=10**12), None),
+        ("disk over 64 TiB", job, replace(res, disk_bytes=(1 << 46) + 1), None),
+        ("257 gpus", job, replace(res, gpus=257), None),
+        ("wall time over 30 days", replace(job, wall_ms=30 * 24 * HOUR + 1), res, None),
+        ("output cap over 64 TiB", replace(job, max_output_bytes=(1 << 46) + 1), res, None),
+        ("relative output path", replace(job, output_path="out"), res, None),
+        ("output path /", replace(job, output_path="/"), res, None),
+        ("output path with ..", replace(job, output_path="/out/../etc"), res, None),
+        ("grace over 10 minutes", job, res, Checkpoint(grace_ms=600_001)),
+        ("checkpoint signal SIGKILL", job, res, Checkpoint(signal="SIGKILL")),
+        ("checkpoint path /", job, res, Checkpoint(path="/")),
+    ]  # fmt: skip
+    cases: list[dict[str, object]] = []
+    for name, j, r, cp in variants:
+        case: dict[str, object] = {
+            "name": name,
+            "job": to_json(to_value(j)),
+            "resources": to_json(to_value(r)),
+            "checkpoint": None if cp is None else to_json(to_value(cp)),
+        }
+        try:
+            check_limits(j, r, cp)
+        except OutOfBounds as exc:
+            case.update(valid=False, error=exc.reason.value, field=exc.field)
+        else:
+            case["valid"] = True
+        cases.append(case)
+    write("limits", "limits", "spec/messages.md#limits", cases)
+
+
+def exit_reasons() -> None:
+    """content.md "Exit reasons": what a provider observed, and the reason it reports."""
+    observed: list[tuple[str, dict[str, object]]] = [
+        ("exit 0", {"exit_code": 0}),
+        ("exit 3", {"exit_code": 3}),
+        ("killed by the OOM killer", {"exit_code": 137, "oom_kills": 1}),
+        ("a child OOM-killed, the job exited 0", {"exit_code": 0, "oom_kills": 1}),
+        ("a child OOM-killed, the job timed out", {"exit_code": 137, "oom_kills": 2,
+                                                  "timed_out": True}),
+        ("timed out", {"exit_code": 137, "timed_out": True}),
+        ("timed out after forks hit the pids limit", {"exit_code": 137, "timed_out": True,
+                                                      "pids_limit_hits": 5}),
+        ("a fork failed, the job exited 1", {"exit_code": 1, "pids_limit_hits": 5}),
+        ("a fork failed, the job exited 0", {"exit_code": 0, "pids_limit_hits": 5}),
+        ("output one byte over the cap", {"exit_code": 0, "output_bytes": 11}),
+        ("output over the cap after an OOM kill", {"exit_code": 137, "oom_kills": 1,
+                                                   "output_bytes": 11}),
+        ("output exactly at the cap", {"exit_code": 0, "output_bytes": 10}),
+        ("preempted after an OOM kill", {"exit_code": 137, "preempted": True, "oom_kills": 1}),
+        ("provider fault", {"exit_code": 0, "fault": True}),
+    ]  # fmt: skip
+    cases = [
+        {
+            "name": name,
+            "observed": {"max_output_bytes": 10, **o},
+            "exit_reason": classify(Observation(max_output_bytes=10, **o)).value,  # type: ignore[arg-type]
+        }
+        for name, o in observed
+    ]
+    write("exit-reasons", "exit_reasons", "spec/content.md#exit-reasons", cases)
+
+
 if __name__ == "__main__":
     encoding()
     identity()
     messages()
     matching()
     settlement()
+    limits()
+    exit_reasons()

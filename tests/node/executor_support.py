@@ -4,6 +4,7 @@ serves."""
 
 from __future__ import annotations
 
+import shutil
 import subprocess
 import tempfile
 from pathlib import Path
@@ -55,6 +56,19 @@ def searchable_dir(prefix: str) -> Path:
     root = Path(tempfile.mkdtemp(prefix=prefix))
     root.chmod(0o711)
     return root
+
+
+def mounts_under(root: Path) -> list[str]:
+    prefix = str(root.resolve()) + "/"
+    with open("/proc/self/mountinfo") as f:
+        return [line.split()[4] for line in f if line.split()[4].startswith(prefix)]
+
+
+def close_and_remove(executor: Executor, root: Path) -> None:
+    """End the executor's helper and check that nothing it mounted outlives it."""
+    executor.close()
+    assert mounts_under(root) == []
+    shutil.rmtree(root)
 
 
 def make_executor(root: Path, *, runtime: str | None = None) -> Executor:

@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import functools
 import os
-import shutil
 
 import pytest
 import trio
@@ -14,6 +13,7 @@ from executor_support import (
     MiB,
     assert_still_serves,
     busybox_image,
+    close_and_remove,
     make_executor,
     searchable_dir,
     spec,
@@ -29,7 +29,7 @@ def env():
     root = searchable_dir("cx-hostile-")
     executor = make_executor(root)  # the runtime this host would use in production
     yield executor, busybox_image(executor, root, with_escape=True)
-    shutil.rmtree(root, ignore_errors=True)
+    close_and_remove(executor, root)
 
 
 async def test_fork_bomb_is_pids_exhausted(env):
@@ -73,6 +73,20 @@ async def test_scratch_filler_meets_enospc(env):
         Resources(cpu_milli=500, memory_bytes=128 * MiB, disk_bytes=8 * MiB),
     )
     assert result.exit_reason is ExitReason.SUCCESS, result
+
+
+async def test_scratch_writes_past_memory_are_oom_even_if_the_job_exits_0(env):
+    # /tmp is a tmpfs charged to the job's memory: the writer is OOM-killed. The shell
+    # goes on and exits 0, which was reported `success` with one OOM kill (issue 17).
+    executor, image = env
+    result = await executor.run_job(
+        spec(image, "dd if=/dev/zero of=/tmp/fill bs=1M count=256; exit 0"),
+        Resources(cpu_milli=500, memory_bytes=32 * MiB, disk_bytes=512 * MiB),
+    )
+    assert result.exit_reason is ExitReason.OOM, result
+    assert result.exit_code == 0
+    assert result.usage.oom_kills >= 1
+    await assert_still_serves(executor, image)
 
 
 async def test_network_is_absent_unless_allowed(env):

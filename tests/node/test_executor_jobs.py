@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import functools
-import shutil
+from pathlib import Path
 
 import pytest
 import trio
@@ -13,6 +13,7 @@ from executor_support import (
     MiB,
     assert_still_serves,
     busybox_image,
+    close_and_remove,
     make_executor,
     searchable_dir,
     spec,
@@ -20,7 +21,8 @@ from executor_support import (
 
 from node.exec.cgroups import CgroupMode
 from node.exec.executor import CapacityExceeded
-from protocol.messages import Checkpoint, DataRef, ExitReason, Resources
+from protocol.errors import InvalidMessage
+from protocol.messages import LOG_CAP_BYTES, Checkpoint, DataRef, ExitReason, Resources
 
 pytestmark = pytest.mark.integration
 
@@ -30,7 +32,7 @@ def env(request):
     root = searchable_dir(f"cx-jobs-{request.param}-")
     executor = make_executor(root, runtime=request.param)
     yield executor, busybox_image(executor, root)
-    shutil.rmtree(root, ignore_errors=True)
+    close_and_remove(executor, root)
 
 
 async def test_trivial_job_meters_and_returns_outputs(env):
@@ -57,7 +59,9 @@ async def test_trivial_job_meters_and_returns_outputs(env):
     assert u.pids_peak >= 1
     assert u.oom_kills == 0
     assert any(s.startswith("running") for s in steps)
-    assert not list(executor.jobs_dir.iterdir())  # cleaned up
+    await executor.settled()  # the cleanup runs after the result
+    assert not list(executor.jobs_dir.iterdir())
+    assert not (executor.runtime.state_root / f"cx-{result.job_id}").exists()
 
 
 async def test_env_exit_code_and_identity(env):
@@ -209,3 +213,59 @@ async def test_command_not_in_image_is_the_jobs_failure(env):
     )
     assert (result.exit_reason, result.exit_code) == (ExitReason.NONZERO_EXIT, 127)
     assert "/no/such/program" in result.detail
+
+
+async def test_limits_out_of_bounds_are_refused_before_anything_runs(env):
+    executor, image = env
+    await executor.settled()
+    with pytest.raises(InvalidMessage, match=r"resources\.memory_bytes"):
+        await executor.run_job(spec(image, "true"), Resources(cpu_milli=500, memory_bytes=1))
+    assert not list(executor.jobs_dir.iterdir())
+    assert executor.free == executor.config.capacity
+
+
+def _job_cgroups(job_id: str) -> list[Path]:
+    return [d for d in Path("/sys/fs/cgroup").glob(f"*/cx/{job_id}") if d.is_dir()] + [
+        d for d in [Path("/sys/fs/cgroup/cx") / job_id] if d.is_dir()
+    ]
+
+
+async def test_a_failed_cgroup_write_leaves_no_cgroup_behind(env):
+    # Issue 17, D4: the runtime failing half-way (EINVAL writing a limit) left
+    # /sys/fs/cgroup/*/cx/<job> behind. Provoke a real EINVAL with valid limits: a cgroup
+    # below the job's that may use more CPU than the job asks for (v1 refuses a parent
+    # quota below a child's); on v2, a child with controllers enabled refuses the job's
+    # init (no internal processes).
+    executor, image = env
+    job_id = f"clash-{executor.runtime.name}"
+    if executor.mode is CgroupMode.V2:
+        held = Path("/sys/fs/cgroup/cx") / job_id / "held"
+        held.mkdir(parents=True)
+        (held.parent / "cgroup.subtree_control").write_text("+pids")
+    else:
+        held = executor.cgroups.v1["cpu"] / "cx" / job_id / "held"
+        held.mkdir(parents=True)
+        (held / "cpu.cfs_quota_us").write_text("200000")
+    result = await executor.run_job(spec(image, "true"), SMALL, job_id=job_id)
+    assert result.exit_reason is ExitReason.PROVIDER_FAULT, result
+    await executor.settled()
+    assert _job_cgroups(job_id) == []
+    assert not list(executor.jobs_dir.iterdir())
+    await assert_still_serves(executor, image)
+
+
+async def test_each_log_is_capped_on_its_own_and_marked(env):
+    # Issue 17: stdout and stderr shared one 8 MiB cap; a job that filled it lost its
+    # stderr, and nothing said the log was cut.
+    executor, image = env
+    over = LOG_CAP_BYTES + 100_000
+    result = await executor.run_job(
+        spec(image, f"head -c {over} /dev/zero | tr '\\0' x; echo still here >&2"), SMALL
+    )
+    assert result.exit_reason is ExitReason.SUCCESS, result
+    assert result.truncated_logs == ("/dev/stdout",)
+    assert result.stdout is not None
+    assert result.stderr is not None
+    assert executor.store.size(result.stdout) == LOG_CAP_BYTES
+    # the job saw its stdout full (ENOSPC), and its stderr is whole
+    assert executor.store.read_bytes(result.stderr).endswith(b"still here\n")

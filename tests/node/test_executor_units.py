@@ -2,22 +2,27 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
+from executor_support import mounts_under, searchable_dir
 
+from node.exec import mounts
 from node.exec.cgroups import (
     CgroupMode,
     JobCgroup,
+    detect_hierarchies,
     parse_blkio,
+    parse_hierarchies,
     parse_io_stat,
     parse_keyed,
-    parse_mode,
-    parse_proc_cgroup,
     read_counters,
-    v1_mounts,
 )
 from node.exec.gpu import GpuDevice, detect_gpus, parse_ldconfig, parse_nvidia_smi, wire_gpus
+from node.exec.janitor import Janitor
+from node.exec.jobsdir import JobsDir
+from node.exec.mountns import MountNamespace
 from node.exec.ocispec import Bind, JobConfig, build_config
 from protocol.messages import ExitReason
 from protocol.usage import Observation, classify, exit_code_of
@@ -34,23 +39,40 @@ HYBRID = """\
 V2 = "30 23 0:26 / /sys/fs/cgroup rw,nosuid - cgroup2 cgroup2 rw,nsdelegate\n"
 
 
-def test_cgroup_mode_from_mountinfo():
-    assert parse_mode(HYBRID) is CgroupMode.HYBRID
-    assert parse_mode(V2) is CgroupMode.V2
-    assert parse_mode("\n".join(HYBRID.splitlines()[:3])) is CgroupMode.V1
-    assert v1_mounts(HYBRID)["memory"] == Path("/sys/fs/cgroup/memory")
-    assert v1_mounts(HYBRID)["systemd"] == Path("/sys/fs/cgroup/systemd")
+def test_cgroup_mode_and_hierarchies_from_mountinfo():
+    hybrid = parse_hierarchies(HYBRID)
+    assert hybrid.mode is CgroupMode.HYBRID
+    assert parse_hierarchies(V2).mode is CgroupMode.V2
+    assert parse_hierarchies("\n".join(HYBRID.splitlines()[:3])).mode is CgroupMode.V1
+    assert hybrid.v1["memory"] == Path("/sys/fs/cgroup/memory")
+    assert hybrid.v1["systemd"] == Path("/sys/fs/cgroup/systemd")
+    assert "rw" not in hybrid.v1
+    assert hybrid.unified == Path("/sys/fs/cgroup/unified")
+    assert len(hybrid.roots) == 4
 
 
-def test_job_cgroup_from_proc():
-    text = "4:memory:/process_api/x/cx/j1\n1:cpu:/cx/j1\n0::/cx/j1\n"
-    cg = parse_proc_cgroup(text, CgroupMode.HYBRID, v1_mounts(HYBRID), Path("/sys/fs/cgroup"))
-    assert cg.file("memory", "memory.peak") == Path(
-        "/sys/fs/cgroup/memory/process_api/x/cx/j1/memory.peak"
-    )
+def test_job_cgroup_follows_from_its_absolute_path():
+    cg = parse_hierarchies(HYBRID).job("/cx/j1")
+    assert cg.file("memory", "memory.peak") == Path("/sys/fs/cgroup/memory/cx/j1/memory.peak")
     assert cg.file("pids", "pids.peak") is None  # not mounted in this sample
-    v2 = parse_proc_cgroup("0::/cx/j1\n", CgroupMode.V2, {}, Path("/sys/fs/cgroup"))
+    v2 = parse_hierarchies(V2).job("/cx/j1")
     assert v2.file("memory", "memory.peak") == Path("/sys/fs/cgroup/cx/j1/memory.peak")
+
+
+def test_removal_sweeps_every_hierarchy_deepest_first(tmp_path):
+    mountinfo = "".join(
+        f"3{i} 23 0:2{i} / {tmp_path / name} rw - cgroup cgroup rw,{name}\n"
+        for i, name in enumerate(["cpu", "memory", "pids"])
+    )
+    hier = parse_hierarchies(mountinfo)
+    (tmp_path / "cpu" / "cx" / "j1" / "inner").mkdir(parents=True)
+    (tmp_path / "memory" / "cx" / "j1").mkdir(parents=True)
+    (tmp_path / "pids" / "cx").mkdir(parents=True)  # never made for this job: fine
+    (tmp_path / "memory" / "cx" / "j2").mkdir()  # another job's: untouched
+    assert hier.remove("/cx/j1") == []
+    assert sorted(p.relative_to(tmp_path).as_posix() for p in tmp_path.rglob("*")) == [
+        "cpu", "cpu/cx", "memory", "memory/cx", "memory/cx/j2", "pids", "pids/cx",
+    ]  # fmt: skip
 
 
 def test_counter_parsers():
@@ -99,7 +121,10 @@ def test_missing_counters_read_as_zero(tmp_path):
     ("obs", "reason"),
     [
         ({"exit_code": 0}, ExitReason.SUCCESS),
-        ({"exit_code": 0, "oom_kills": 1}, ExitReason.SUCCESS),
+        # a child OOM-killed (dd into the memory-backed /tmp) while the job exits 0: the
+        # exit reason says so, not success (issue 17)
+        ({"exit_code": 0, "oom_kills": 1}, ExitReason.OOM),
+        ({"exit_code": 0, "pids_limit_hits": 1}, ExitReason.SUCCESS),
         ({"exit_code": 3}, ExitReason.NONZERO_EXIT),
         ({"exit_code": 137, "oom_kills": 1}, ExitReason.OOM),
         ({"exit_code": 137, "timed_out": True}, ExitReason.TIMEOUT),
@@ -154,6 +179,8 @@ def test_oci_config_confines_the_job():
     assert {"ptrace", "mount", "unshare", "setns", "bpf", "clone", "clone3"} <= denied
     bind = next(m for m in cfg["mounts"] if m["destination"] == "/in")
     assert "ro" in bind["options"]
+    scratch = next(m for m in cfg["mounts"] if m["destination"] == "/tmp")
+    assert "size=67108864" in scratch["options"]
 
 
 def test_oci_config_network_allowed_shares_host_namespace():
@@ -215,3 +242,66 @@ def test_gpu_device_is_frozen():
     g = GpuDevice(index=0, model="m", memory_bytes=1, uuid="u", bus_id="b")
     with pytest.raises(AttributeError):
         g.index = 1  # type: ignore[misc]
+
+
+def test_janitor_runs_cleanups_in_order_past_a_failing_one():
+    janitor, done = Janitor(), []
+
+    def fails() -> None:
+        raise OSError("umount: busy")
+
+    janitor.submit("a", lambda: done.append("a"))
+    janitor.submit("b", fails)
+    janitor.submit("c", lambda: done.append("c"))
+    janitor.drain()
+    assert done == ["a", "c"]
+    janitor.drain()  # nothing pending: returns at once
+
+
+@pytest.mark.integration
+def test_jobs_dir_is_one_shared_tmpfs_that_the_last_user_takes_down():
+    root = searchable_dir("cx-jobsdir-")
+    first, second = JobsDir(root / "jobs"), JobsDir(root / "jobs")
+    first.open()
+    second.open()  # a node and a `cx exec` on one home: one tmpfs between them
+    assert [s for p, s in mounts.mount_sources() if p == str(root / "jobs")] == ["cx-jobs"]
+    first.close()
+    assert mounts_under(root) == [str(root / "jobs")]  # the second still uses it
+    (root / "jobs" / "job1").mkdir()
+    mounts.mount_tmpfs(root / "jobs" / "job1", size_bytes=4096, uid=0, gid=0)
+    second.close()
+    assert len(mounts_under(root)) == 2  # a job's mount is left (a crash): taken over later
+    third = JobsDir(root / "jobs")
+    third.open()
+    mounts.unmount(root / "jobs" / "job1")
+    third.close()
+    assert mounts_under(root) == []
+    shutil.rmtree(root)
+
+
+@pytest.mark.integration
+@pytest.mark.skipif(
+    detect_hierarchies().mode is not CgroupMode.HYBRID, reason="the helper is for hybrid hosts"
+)
+def test_namespace_helper_sees_later_job_mounts_and_hides_the_controllers():
+    root = searchable_dir("cx-mountns-")
+    (root / "empty").touch()
+    jobs, namespace = JobsDir(root / "jobs"), MountNamespace(root / "empty")
+    jobs.open()
+    area = root / "jobs" / "job1"
+    area.mkdir()
+    try:
+        namespace.start()
+        mounts.mount_tmpfs(area, size_bytes=4096, uid=0, gid=0)  # after the helper started
+        (area / "f").write_text("seen\n")
+        script = f"cat {area}/f; wc -c < /sys/fs/cgroup/unified/cgroup.controllers"
+        out, err = root / "out", root / "err"
+        assert namespace.run(["sh", "-c", script], out, err) == 0, err.read_text()
+        assert out.read_text().split() == ["seen", "0"]
+        assert Path("/sys/fs/cgroup/unified/cgroup.controllers").read_text() != ""  # host
+    finally:
+        mounts.unmount(area)
+        namespace.close()
+        jobs.close()
+    assert mounts_under(root) == []
+    shutil.rmtree(root)

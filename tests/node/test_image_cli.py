@@ -6,7 +6,7 @@ import json
 import shutil
 
 import pytest
-from executor_support import searchable_dir
+from executor_support import mounts_under, searchable_dir
 
 from node.cli import main
 
@@ -16,6 +16,17 @@ def home():
     root = searchable_dir("cx-cli-")
     yield root
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def busybox_home():
+    """A home with busybox imported, shared by the tests that only run ``cx exec``."""
+    root = searchable_dir("cx-cli-exec-")
+    h = ["--home", str(root / "home")]
+    assert main(["image", "build-rootfs", str(root / "layout"), "--import", *h]) == 0
+    yield root / "home"
+    assert mounts_under(root) == []  # every cx exec took its mounts with it
+    shutil.rmtree(root)
 
 
 @pytest.mark.integration
@@ -48,3 +59,38 @@ def test_unusable_input_says_what_to_do(home, capsys):
     assert "does not exist" in capsys.readouterr().err
     assert main(["exec", "--home", str(home), "nosuch", "--", "true"]) == 2
     assert "cx image ls" in capsys.readouterr().err
+
+
+@pytest.mark.integration
+@pytest.mark.parametrize(
+    ("option", "value"),
+    [
+        ("--memory", "0"),
+        ("--memory", "1"),
+        ("--memory", "999999999999999999999"),
+        ("--cpu", "1000000000"),
+        ("--cpu", "0"),
+        ("--cpu", "-1"),
+        ("--pids", "0"),
+        ("--pids", "-1"),
+    ],
+)
+def test_careless_limits_are_refused_before_anything_runs(busybox_home, capsys, option, value):
+    # Before: a provider fault with a traceback, a cgroup left behind, a job at 1% CPU, or
+    # (--pids 0) a job with no pids limit at all (issue 17, D4).
+    code = main(["exec", "--home", str(busybox_home), option, value, "busybox", "--", "true"])
+    (err,) = capsys.readouterr().err.strip().splitlines()  # one line, before anything ran
+    assert code == 2
+    assert err.startswith(f"cx exec: {option}: ")
+    assert "is outside" in err  # and says what is allowed
+
+
+@pytest.mark.integration
+def test_relative_home(busybox_home, capsys, monkeypatch):
+    # Before: "make `home/work/jobs/.../root` private: Permission denied" (issue 17, D5).
+    monkeypatch.chdir(busybox_home.parent)
+    h = ["--home", busybox_home.name]
+    code = main(["exec", *h, "--json", "busybox", "--", "sh", "-c", "echo hi > /out/x"])
+    result = json.loads(capsys.readouterr().out)
+    assert code == 0, result
+    assert [o["path"] for o in result["outputs"]] == ["/out/x"]

@@ -8,6 +8,7 @@ from factories import HOUR_MS, T0, Nonces, bid, key, offer
 from protocol.buying import Buying
 from protocol.errors import InvalidMessage, Reason
 from protocol.messages import (
+    LOG_CAP_BYTES,
     Accept,
     DataRef,
     ExitReason,
@@ -48,6 +49,18 @@ def _run(buyer, provider, agreement, nonce):
     for state in (JobState.TRANSFERRING, JobState.RUNNING):
         status = provider.status(agreement.id, state, nonce=nonce(), now_ms=T0 + 10)
         buyer.receive_status(status.wire, now_ms=T0 + 11)
+
+
+def _successful_receipt(provider, agreement, nonce, **fields):
+    return provider.issue_receipt(
+        agreement.id,
+        usage=Usage(wall_ms=1000, cpu_us=1000),
+        exit_reason=ExitReason.SUCCESS,
+        exit_code=0,
+        nonce=nonce(),
+        now_ms=T0 + 9,
+        **fields,
+    )
 
 
 def test_offer_bid_match_agreement_receipt_settled(pair):
@@ -129,14 +142,7 @@ def test_receipt_with_inflated_cost_is_refused(pair):
     buyer, provider, nonce = pair
     agreement = _trade_until_agreed(buyer, provider, nonce)
     _run(buyer, provider, agreement, nonce)
-    honest = provider.issue_receipt(
-        agreement.id,
-        usage=Usage(wall_ms=1000, cpu_us=1000),
-        exit_reason=ExitReason.SUCCESS,
-        exit_code=0,
-        nonce=nonce(),
-        now_ms=T0 + 9,
-    )
+    honest = _successful_receipt(provider, agreement, nonce)
     from dataclasses import replace
 
     from protocol.envelope import seal
@@ -191,12 +197,27 @@ def test_receipt_logs_are_stdout_and_stderr_at_most_once(pair, paths):
     _run(buyer, provider, agreement, nonce)
     logs = tuple(DataRef(digest="sha256:" + "ef" * 32, path=p, size=1) for p in paths)
     with pytest.raises(ValueError, match="log paths"):
-        provider.issue_receipt(
-            agreement.id,
-            usage=Usage(wall_ms=1000, cpu_us=1000),
-            exit_reason=ExitReason.SUCCESS,
-            exit_code=0,
-            logs=logs,
-            nonce=nonce(),
-            now_ms=T0 + 9,
-        )
+        _successful_receipt(provider, agreement, nonce, logs=logs)
+
+
+def test_a_cut_log_is_marked_in_the_receipt_the_buyer_countersigns(pair):
+    buyer, provider, nonce = pair
+    agreement = _trade_until_agreed(buyer, provider, nonce)
+    _run(buyer, provider, agreement, nonce)
+    stdout = DataRef(digest="sha256:" + "ef" * 32, path="/dev/stdout", size=LOG_CAP_BYTES)
+    stderr = DataRef(digest="sha256:" + "0f" * 32, path="/dev/stderr", size=5)
+    receipt = _successful_receipt(
+        provider, agreement, nonce, logs=(stdout, stderr), truncated_logs=("/dev/stdout",)
+    )
+    countersigned = buyer.receive_receipt(receipt.wire, now_ms=T0 + 10)
+    assert countersigned.receipt.payload.truncated_logs == ("/dev/stdout",)
+
+
+@pytest.mark.parametrize("cut", [("/dev/stderr",), ("/dev/stdout", "/dev/stdout")])
+def test_only_a_log_the_receipt_carries_can_be_marked_cut_once(pair, cut):
+    buyer, provider, nonce = pair
+    agreement = _trade_until_agreed(buyer, provider, nonce)
+    _run(buyer, provider, agreement, nonce)
+    stdout = DataRef(digest="sha256:" + "ef" * 32, path="/dev/stdout", size=1)
+    with pytest.raises(ValueError, match="truncated_logs"):
+        _successful_receipt(provider, agreement, nonce, logs=(stdout,), truncated_logs=cut)
