@@ -21,6 +21,13 @@ import trio
 from node.cli.image import add_home_option, resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
 from node.storage.image import ImageError
+from node.storage.registry import (
+    Login,
+    RegistryError,
+    looks_like_registry_ref,
+    parse_ref,
+    pull_image,
+)
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
 
 __all__ = ["register"]
@@ -55,7 +62,9 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     p = commands.add_parser(
         "exec",
         help="run a job locally in a container with enforced limits",
-        description="Run COMMAND in IMAGE (name or digest from cx image ls) with the limits "
+        description="Run COMMAND in IMAGE (name or digest from cx image ls, or a registry "
+        "reference HOST[:PORT]/REPO@sha256:..., pulled and verified; a private registry's "
+        "login comes from CX_REGISTRY_USERNAME and CX_REGISTRY_PASSWORD) with the limits "
         "given, then print the exit reason, metered usage and output digests.",
     )
     p.add_argument("image")
@@ -95,7 +104,7 @@ def _run(args: argparse.Namespace) -> int:
         return EXIT_INPUT
     try:
         return trio.run(_exec, args, tuple(command))
-    except (ImageError, CapacityExceeded, ValueError, OSError) as exc:
+    except (ImageError, RegistryError, CapacityExceeded, ValueError, OSError) as exc:
         print(f"cx exec: {exc}", file=sys.stderr)
         return EXIT_INPUT
 
@@ -111,7 +120,13 @@ async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
             runtime=args.runtime,
         )
     )
-    image = resolve_image(executor.store, args.image)
+    if looks_like_registry_ref(args.image):
+        pulled = await pull_image(
+            executor.store, parse_ref(args.image), login=Login.from_env(os.environ)
+        )
+        image = pulled.manifest
+    else:
+        image = resolve_image(executor.store, args.image)
     inputs = []
     for item in args.input:
         src, sep, dest = item.rpartition(":")

@@ -37,7 +37,7 @@ from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
 from protocol.errors import InvalidMessage
 from protocol.messages import check_digest
 
-__all__ = ["BlobNotFound", "BlobStore", "CorruptBlob", "StoreError"]
+__all__ = ["BlobNotFound", "BlobStore", "BlobWriter", "CorruptBlob", "StoreError"]
 
 log = logging.getLogger(__name__)
 
@@ -101,23 +101,22 @@ class BlobStore:
         Raises:
             CorruptBlob: ``expect`` was given and the content hashes to something else.
         """
-        h = hashlib.sha256()
+        with self.writer(expect) as w:
+            for part in parts:
+                w.write(part)
+            return w.commit()
+
+    @contextlib.contextmanager
+    def writer(self, expect: str | None = None) -> Iterator[BlobWriter]:
+        """A blob written piece by piece (e.g. as it arrives over HTTP); ``commit()`` it
+        inside the block. Leaving the block without a commit discards what was written."""
         fd, tmp = _mkstemp(self._tmp)
         try:
             with os.fdopen(fd, "wb") as f:
-                for part in parts:
-                    h.update(part)
-                    f.write(part)
-                f.flush()
-                os.fsync(f.fileno())
-            digest = "sha256:" + h.hexdigest()
-            if expect is not None and expect != digest:
-                raise CorruptBlob(expect, digest)
-            self._commit(tmp, digest)
+                yield BlobWriter(self, f, tmp, expect)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        return digest
 
     def _commit(self, tmp: str, digest: str) -> None:
         os.chmod(tmp, 0o444)
@@ -333,6 +332,37 @@ class BlobStore:
         n = len(manifest.chunks)
         # A torn last line (crash mid-append) is ignored and that chunk fetched again.
         return {int(t) for t in text.split("\n")[:-1] if t.isdigit() and int(t) < n}
+
+
+class BlobWriter:
+    """The open temporary file of :meth:`BlobStore.writer`, hashed as it is written."""
+
+    def __init__(self, store: BlobStore, file: IO[bytes], tmp: str, expect: str | None) -> None:
+        self._store = store
+        self._file = file
+        self._tmp = tmp
+        self._expect = expect
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._file.write(data)
+        self.size += len(data)
+
+    def commit(self) -> str:
+        """Make the blob durable and visible under its digest; return the digest.
+
+        Raises:
+            CorruptBlob: the writer expected another digest (nothing is kept).
+        """
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        digest = "sha256:" + self._hash.hexdigest()
+        if self._expect is not None and self._expect != digest:
+            raise CorruptBlob(self._expect, digest)
+        self._store._commit(self._tmp, digest)
+        return digest
 
 
 def _mkstemp(directory: Path) -> tuple[int, str]:
