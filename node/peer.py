@@ -336,7 +336,7 @@ async def serve_peer(
                         capacity=config.provider.capacity,
                     )
                 )
-                provider = Provider(market, key, runner, config.provider, attestor)
+                provider = Provider(market, key, runner, config.provider, attestor, s3=config.s3)
                 await nursery.start(provider.run)
             for addr in config.bootstrap:
                 try:

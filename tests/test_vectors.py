@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import nacl.public
 import pytest
 
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
@@ -19,7 +20,8 @@ from protocol.envelope import MESSAGE_TYPES, open_signed, seal
 from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PrivateKey
 from protocol.messages import Bid, ExitReason, Offer, Prices, Resources, Usage
-from protocol.schema import from_value
+from protocol.schema import from_value, to_value
+from protocol.secrets import encode_secrets, open_secrets
 from protocol.settlement import charge
 
 
@@ -117,6 +119,20 @@ def check_settlement(case):
     assert got == case["charge"]
 
 
+def check_sealed_secrets(case):
+    recipient = bytes.fromhex(case["recipient"])
+    assert bytes(nacl.public.PrivateKey(recipient).public_key).hex() == case["seal_key"]
+    box, agreement = bytes.fromhex(case["box"]), bytes.fromhex(case["agreement_id"])
+    if not case["valid"]:
+        with pytest.raises(InvalidMessage) as info:
+            open_secrets(box, recipient, agreement_id=agreement)
+        assert info.value.reason.value == case["error"]
+        return
+    plain = open_secrets(box, recipient, agreement_id=agreement)
+    assert to_value(plain) == from_json(case["plaintext"])
+    assert encode_secrets(plain) == encode(from_json(case["plaintext"]))
+
+
 @pytest.mark.parametrize(("kind", "case"), list(_cases()))
 def test_vector(kind, case):
-    globals()[f"check_{kind}"](case)
+    globals()[f"check_{kind.replace('-', '_')}"](case)
