@@ -291,7 +291,7 @@ async def serve_peer(
     key, config = home.key(), home.config()
     clock = clock or Clock()
     db = Database(home.db_path)
-    store = BlobStore(home.store_root)
+    store = BlobStore(home.store_root, budget_bytes=config.store_budget_bytes)
     trader = Trader(key)
     for entry, _ in db.ledger():
         try:

@@ -39,6 +39,7 @@ from node.storage.jobdata import (
     Credentials,
     Sources,
     fetch_job_content,
+    job_blobs,
     upload_outputs,
 )
 from node.tpm.attestor import TpmAttestor
@@ -307,9 +308,10 @@ class Provider:
         self.db.mark_started(agreement.id, self.market.now_ms())
         self._tell(agreement, JobState.RUNNING, "container started")
         try:
-            result = await self.executor.run_job(
-                job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
-            )
+            with self.market.store.holding(job_blobs(self.market.store, job, resume)):
+                result = await self.executor.run_job(
+                    job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
+                )
         except CapacityExceeded as exc:
             self._fault(agreement, str(exc))
             return

@@ -10,7 +10,8 @@ Layout (``cx init`` creates it; everything a node owns is under one directory)::
     store/          content-addressed blobs (images, inputs, outputs, logs)
     work/           per-job scratch areas of the executor
     tpm/            this node's swtpm, when it attests with a software TPM
-    ([s3] endpoint and region in config.toml: where s3:// inputs and outputs go)
+    ([s3] endpoint and region in config.toml: where s3:// inputs and outputs go;
+    [store] budget_bytes: the content store's cache budget, least recently used evicted)
     api.json        where the running node's control API listens (written by the node)
 
 Errors: :class:`HomeError` says what is wrong with the directory and how to fix it.
@@ -94,6 +95,7 @@ class NodeConfig:
     ek_roots: tuple[str, ...] = ()  # PEM files of the TPM EK CAs this node trusts as buyer
     provider: ProviderConfig | None = None
     s3: S3Config | None = None
+    store_budget_bytes: int | None = None  # the content store's cache budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -218,6 +220,7 @@ def _parse(doc: dict[str, Any]) -> NodeConfig:
     buyer = doc.get("buyer", {})
     provider = doc.get("provider")
     s3 = doc.get("s3")
+    budget = doc.get("store", {}).get("budget_bytes")
     return NodeConfig(
         listen=tuple(net.get("listen", DEFAULT_LISTEN)),
         bootstrap=tuple(net.get("bootstrap", ())),
@@ -229,6 +232,7 @@ def _parse(doc: dict[str, Any]) -> NodeConfig:
         s3=None
         if s3 is None
         else S3Config(endpoint=s3["endpoint"], region=s3.get("region", "us-east-1")),
+        store_budget_bytes=None if budget is None else int(budget),
     )
 
 
@@ -303,6 +307,8 @@ def _render(c: NodeConfig) -> str:
                 },
             )
         )
+    if c.store_budget_bytes is not None:
+        parts.append(_table("store", {"budget_bytes": c.store_budget_bytes}))
     if c.s3 is not None:
         parts.append(_table("s3", {"endpoint": c.s3.endpoint, "region": c.s3.region}))
     return "\n".join(parts)

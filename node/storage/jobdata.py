@@ -35,7 +35,14 @@ from node.storage.registry import Login, RegistryError, parse_ref, pull_image
 from node.storage.store import BlobStore
 from protocol.messages import DataRef, JobSpec
 
-__all__ = ["ContentError", "Credentials", "fetch_job_content", "upload_outputs"]
+__all__ = [
+    "ContentError",
+    "Credentials",
+    "Sources",
+    "fetch_job_content",
+    "job_blobs",
+    "upload_outputs",
+]
 
 log = logging.getLogger(__name__)
 
@@ -93,7 +100,7 @@ async def fetch_job_content(
                 store, ref, login=credentials.registry, arch=sources.arch, client=client
             )
             job = dataclasses.replace(job, image=image.manifest)
-        else:
+        elif not (store.lookup(job.image) and _pinned(store, job.image)):
             await transfer.fetch_image(sources.net, store, job.image, [sources.buyer])
         for ref_ in job.inputs:
             if ref_.url is not None:
@@ -101,15 +108,28 @@ async def fetch_job_content(
                     store, ref_.url, digest=ref_.digest, size=ref_.size, s3=sources.s3,
                     keys=credentials.s3, now=now, client=client,
                 )  # fmt: skip
-            else:
+            elif not store.lookup(ref_.digest):
                 await transfer.fetch_blob(sources.net, store, ref_.digest, [sources.buyer])
-        if resume_from is not None:
+        if resume_from is not None and not store.lookup(resume_from):
             await transfer.fetch_blob(sources.net, store, resume_from, [sources.buyer])
     except (RegistryError, ObjectError) as exc:
         raise ContentError(str(exc), buyer_fault=exc.buyer_fault) from exc
     except (transfer.TransferError, NetworkError) as exc:
         raise ContentError(f"from the buyer: {exc}", buyer_fault=False) from exc
     return job
+
+
+def job_blobs(store: BlobStore, job: JobSpec, resume_from: str | None = None) -> set[str]:
+    """Every blob a fetched job runs on: its image (as pinned) and inputs, its checkpoint."""
+    image = store.refs().get(f"image/{job.image.removeprefix('sha256:')}", [job.image])
+    extra = [resume_from] if resume_from is not None else []
+    return {*image, *(i.digest for i in job.inputs), *extra}
+
+
+def _pinned(store: BlobStore, manifest: str) -> bool:
+    """Is the image complete in the store (pinned, every blob present)?"""
+    blobs = store.refs().get(f"image/{manifest.removeprefix('sha256:')}")
+    return blobs is not None and all(store.has(d) for d in blobs)
 
 
 async def upload_outputs(

@@ -285,7 +285,7 @@ async def fetch_object(
         ObjectError: DIGEST_MISMATCH when the content is not ``digest`` (nothing is kept),
             NOT_FOUND, DENIED, BAD_URL, UNREACHABLE, SERVER_FAILED.
     """
-    if store.has(digest):
+    if store.lookup(digest):
         return
     obj = parse_url(url)
     target = _Target(s3=s3, keys=keys, now=now)

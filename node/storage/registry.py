@@ -206,7 +206,7 @@ async def pull_image(
             data, doc = await session.manifest(entry)
         manifest_digest = _digest_of(data)
         for desc in _descriptors(doc, ref):
-            if not store.has(desc["digest"]):
+            if not store.lookup(desc["digest"]):
                 await session.blob(store, desc["digest"], desc["size"])
             elif store.size(desc["digest"]) != desc["size"]:
                 raise _bad_image(ref, f"blob {desc['digest']} is not {desc['size']} bytes")
@@ -240,6 +240,8 @@ def _cached(store: BlobStore, ref: ImageRef, arch: str) -> ImportedImage | None:
         return None
     if not all(store.has(d["digest"]) for d in descs):
         return None
+    for d in descs:
+        store.lookup(d["digest"])  # hits, and uses for the LRU
     keep = (ref.digest,) if manifest != ref.digest else ()
     return record_image(store, m_bytes, m_doc, arch, (str(ref),), keep=keep)
 
