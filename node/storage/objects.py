@@ -300,7 +300,7 @@ async def fetch_object(
             try:
                 w.commit()
             except CorruptBlob as exc:
-                raise _mismatch(url, f"is not {digest}: {exc}") from exc
+                raise _mismatch(url, f"is {exc.actual}, not the {digest} named") from exc
     log.info("fetched %s (%d bytes) as %s", url, size, digest)
 
 

@@ -336,7 +336,8 @@ class _Session:
                     w.commit()
                 except CorruptBlob as exc:
                     raise RegistryError(
-                        RegistryReason.DIGEST_MISMATCH, f"{self.ref}: {exc}"
+                        RegistryReason.DIGEST_MISMATCH,
+                        f"{self.ref}: blob {digest} is {exc.actual} at the registry",
                     ) from exc
 
     @contextlib.asynccontextmanager

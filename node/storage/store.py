@@ -69,6 +69,7 @@ class CorruptBlob(StoreError):
     def __init__(self, digest: str, actual: str) -> None:
         super().__init__(f"blob {digest} holds content {actual}; removed, fetch it again")
         self.digest = digest
+        self.actual = actual
 
 
 def _hex(digest: str) -> str:
