@@ -11,7 +11,12 @@ import pytest
 import trio
 from executor_support import searchable_dir
 from process_support import free_port
-from registry_support import multi_arch_layout, running_registry
+from registry_support import (
+    TokenServer,
+    multi_arch_layout,
+    running_registry,
+    running_token_server,
+)
 
 from node.cli import main
 from node.storage.image import RootfsCache, build_rootfs, image_config, list_images
@@ -186,3 +191,21 @@ def test_cx_exec_runs_an_image_from_a_private_registry(tmp_path, busybox, capsys
         assert main(["exec", *h, f"{reg.host}/busybox:latest", "--", "true"]) == 2
         assert "pin the image" in capsys.readouterr().err
     shutil.rmtree(home, ignore_errors=True)
+
+
+async def test_token_auth_registry_gets_a_bearer_token_for_the_login(tmp_path, busybox, store):
+    """Registries such as Docker Hub answer 401 with a Bearer challenge: the client asks the
+    challenge's token service, with the login, for a token for the repository's scope."""
+    tokens = TokenServer(tmp_path, CREDS)
+    with running_token_server(tokens) as port:
+        auth = tokens.auth_config(port)
+        with running_registry(tmp_path / "reg", auth=auth, creds_for_push=CREDS) as reg:
+            reg.push(busybox[0], "team/busybox")
+            ref = parse_ref(reg.ref("team/busybox", busybox[1]))
+            with pytest.raises(RegistryError) as info:
+                await pull_image(store, ref)
+            assert info.value.reason is RegistryReason.UNAUTHORIZED
+            issued = tokens.tokens_issued
+            image = await pull_image(store, ref, login=Login(username=CREDS[0], password=CREDS[1]))
+            assert image.manifest == busybox[1]
+            assert tokens.tokens_issued == issued + 1  # one token, kept for every blob
