@@ -28,10 +28,11 @@ import httpx
 
 from node.net.transport import Network, NetworkError, PeerId
 from node.storage import transfer
+from node.storage.fetching import FetchError
 from node.storage.home import S3Config
 from node.storage.image import host_arch
 from node.storage.objects import ObjectError, S3Keys, fetch_object, put_object
-from node.storage.registry import Login, RegistryError, parse_ref, pull_image
+from node.storage.registry import Login, parse_ref, pull_image
 from node.storage.store import BlobStore
 from protocol.messages import DataRef, JobSpec
 
@@ -112,7 +113,7 @@ async def fetch_job_content(
                 await transfer.fetch_blob(sources.net, store, ref_.digest, [sources.buyer])
         if resume_from is not None and not store.lookup(resume_from):
             await transfer.fetch_blob(sources.net, store, resume_from, [sources.buyer])
-    except (RegistryError, ObjectError) as exc:
+    except FetchError as exc:
         raise ContentError(str(exc), buyer_fault=exc.buyer_fault) from exc
     except (transfer.TransferError, NetworkError) as exc:
         raise ContentError(f"from the buyer: {exc}", buyer_fault=False) from exc

@@ -15,13 +15,12 @@ Rules:
   buyer's (``ObjectError.buyer_fault``); a server that is down or fails (5xx) is not.
 - Keys never appear in logs, errors or reprs.
 
-Errors: :class:`ObjectError` with an :class:`ObjectReason`.
+Errors: :class:`ObjectError` (node.storage.fetching).
 """
 
 from __future__ import annotations
 
 import contextlib
-import enum
 import hashlib
 import hmac
 import logging
@@ -34,12 +33,12 @@ from datetime import datetime
 import httpx
 import trio
 
+from node.storage.fetching import FetchError, FetchReason
 from node.storage.home import S3Config
 from node.storage.store import BlobStore, CorruptBlob
 
 __all__ = [
     "ObjectError",
-    "ObjectReason",
     "ObjectUrl",
     "S3Keys",
     "fetch_object",
@@ -58,29 +57,8 @@ _MAX_LISTING_PAGE = 16 * 1024 * 1024
 _MAX_KEYS = 100_000
 
 
-class ObjectReason(enum.StrEnum):
-    BAD_URL = "bad-url"
-    NOT_FOUND = "not-found"
-    DENIED = "denied"
-    DIGEST_MISMATCH = "digest-mismatch"
-    UNREACHABLE = "unreachable"
-    SERVER_FAILED = "server-failed"
-
-
-_NOT_BUYERS = frozenset({ObjectReason.UNREACHABLE, ObjectReason.SERVER_FAILED})
-
-
-class ObjectError(Exception):
-    """An object could not be fetched, listed or stored; ``reason`` says why."""
-
-    def __init__(self, reason: ObjectReason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-    @property
-    def buyer_fault(self) -> bool:
-        """The URL, its content or its keys are wrong (not the server's service)."""
-        return self.reason not in _NOT_BUYERS
+class ObjectError(FetchError):
+    """An object could not be fetched, listed or stored."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -132,10 +110,10 @@ def parse_url(text: str) -> ObjectUrl:
     if parts.scheme == "s3" and parts.netloc and not parts.query and not parts.fragment:
         key = parts.path.removeprefix("/")
         if any(seg in (".", "..") for seg in key.split("/")):
-            raise ObjectError(ObjectReason.BAD_URL, f"{text!r}: a key may not hold . or ..")
+            raise ObjectError(FetchReason.BAD_REFERENCE, f"{text!r}: a key may not hold . or ..")
         return ObjectUrl(scheme="s3", url=text, bucket=parts.netloc, key=key)
     raise ObjectError(
-        ObjectReason.BAD_URL,
+        FetchReason.BAD_REFERENCE,
         f"{text!r} is not a URL like https://host/file, s3://bucket/key or s3://bucket/prefix/",
     )
 
@@ -214,7 +192,7 @@ class _Target:
             return obj.url
         if self.s3 is None:
             raise ObjectError(
-                ObjectReason.BAD_URL,
+                FetchReason.BAD_REFERENCE,
                 f"{obj.url}: this node has no S3 endpoint; set [s3] endpoint in config.toml",
             )
         path = urllib.parse.quote(f"/{obj.bucket}/{obj.key}", safe="/-_.~")
@@ -248,7 +226,7 @@ async def _get(
     try:
         resp = await http.send(request, stream=True)
     except httpx.HTTPError as exc:
-        raise ObjectError(ObjectReason.UNREACHABLE, f"{obj.url}: unreachable: {exc}") from exc
+        raise ObjectError(FetchReason.UNREACHABLE, f"{obj.url}: unreachable: {exc}") from exc
     try:
         if resp.status_code != 200:
             raise _status_error(obj.url, resp.status_code)
@@ -259,12 +237,12 @@ async def _get(
 
 def _status_error(url: str, status: int) -> ObjectError:
     if status == 404:
-        return ObjectError(ObjectReason.NOT_FOUND, f"{url}: no such object (404)")
+        return ObjectError(FetchReason.NOT_FOUND, f"{url}: no such object (404)")
     if status in (401, 403):
-        return ObjectError(ObjectReason.DENIED, f"{url}: access denied ({status}); check the keys")
+        return ObjectError(FetchReason.DENIED, f"{url}: access denied ({status}); check the keys")
     if status >= 500:
-        return ObjectError(ObjectReason.SERVER_FAILED, f"{url}: the server failed ({status})")
-    return ObjectError(ObjectReason.NOT_FOUND, f"{url}: answered {status}")
+        return ObjectError(FetchReason.SERVER_FAILED, f"{url}: the server failed ({status})")
+    return ObjectError(FetchReason.NOT_FOUND, f"{url}: answered {status}")
 
 
 async def fetch_object(
@@ -305,7 +283,7 @@ async def fetch_object(
 
 
 def _mismatch(url: str, what: str) -> ObjectError:
-    return ObjectError(ObjectReason.DIGEST_MISMATCH, f"{url} {what}")
+    return ObjectError(FetchReason.DIGEST_MISMATCH, f"{url} {what}")
 
 
 async def hash_object(
@@ -339,7 +317,7 @@ async def list_prefix(
     sorted by key (ListObjectsV2, page by page). Raises ObjectError."""
     prefix = parse_url(url)
     if not prefix.is_prefix:
-        raise ObjectError(ObjectReason.BAD_URL, f"{url!r} is not an s3://bucket/prefix/")
+        raise ObjectError(FetchReason.BAD_REFERENCE, f"{url!r} is not an s3://bucket/prefix/")
     bucket = ObjectUrl(scheme="s3", url=f"s3://{prefix.bucket}/", bucket=prefix.bucket)
     target = _Target(s3=s3, keys=keys, now=now)
     found: list[tuple[str, int]] = []
@@ -353,11 +331,13 @@ async def list_prefix(
             async with _get(http, target, bucket, query) as resp:
                 body = await resp.aread()
             if len(body) > _MAX_LISTING_PAGE:
-                raise ObjectError(ObjectReason.SERVER_FAILED, f"{url}: listing page too large")
+                raise ObjectError(FetchReason.SERVER_FAILED, f"{url}: listing page too large")
             page, token = _parse_listing(body, url)
             found += [(key.removeprefix(prefix.key), n) for key, n in page]
             if len(found) > _MAX_KEYS:
-                raise ObjectError(ObjectReason.BAD_URL, f"{url} holds over {_MAX_KEYS} objects")
+                raise ObjectError(
+                    FetchReason.BAD_REFERENCE, f"{url} holds over {_MAX_KEYS} objects"
+                )
             if token is None:
                 break
     # "Directory" markers (keys ending in /) are not objects a job can read.
@@ -374,11 +354,11 @@ def _parse_listing(body: bytes, url: str) -> tuple[list[tuple[str, int]], str | 
             for item in root.iter(f"{_S3_NS}Contents")
         ]
     except (ET.ParseError, ValueError) as exc:
-        raise ObjectError(ObjectReason.SERVER_FAILED, f"{url}: unreadable listing: {exc}") from exc
+        raise ObjectError(FetchReason.SERVER_FAILED, f"{url}: unreadable listing: {exc}") from exc
     truncated = (root.findtext(f"{_S3_NS}IsTruncated") or "").lower() == "true"
     token = root.findtext(f"{_S3_NS}NextContinuationToken") if truncated else None
     if truncated and not token:
-        raise ObjectError(ObjectReason.SERVER_FAILED, f"{url}: truncated listing without token")
+        raise ObjectError(FetchReason.SERVER_FAILED, f"{url}: truncated listing without token")
     return page, token
 
 
@@ -400,7 +380,7 @@ async def put_object(
     """
     obj = parse_url(url)
     if obj.scheme != "s3" or obj.is_prefix:
-        raise ObjectError(ObjectReason.BAD_URL, f"{url!r}: outputs go to s3://bucket/key")
+        raise ObjectError(FetchReason.BAD_REFERENCE, f"{url!r}: outputs go to s3://bucket/key")
     target = _Target(s3=s3, keys=keys, now=now)
     http_url = target.http_url(obj)
     size = store.size(digest)
@@ -416,7 +396,7 @@ async def put_object(
         try:
             resp = await http.put(http_url, headers=headers, content=body())
         except httpx.HTTPError as exc:
-            raise ObjectError(ObjectReason.UNREACHABLE, f"{url}: unreachable: {exc}") from exc
+            raise ObjectError(FetchReason.UNREACHABLE, f"{url}: unreachable: {exc}") from exc
     if resp.status_code not in (200, 201, 204):
         raise _status_error(url, resp.status_code)
     log.info("uploaded %s (%d bytes) to %s", digest, size, url)

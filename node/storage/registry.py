@@ -18,15 +18,14 @@ Rules:
 - Loopback registries (127.0.0.0/8, ``localhost``, ``[::1]``) are spoken to over plain
   HTTP, as docker does; every other host over HTTPS.
 
-Errors: :class:`RegistryError` with a :class:`RegistryReason`; ``buyer_fault`` tells the
-provider whether the job's reference (or its login) is to blame or the registry's service.
+Errors: :class:`RegistryError` (node.storage.fetching); ``buyer_fault`` tells the provider
+whether the job's reference (or its login) is to blame or the registry's service.
 """
 
 from __future__ import annotations
 
 import base64
 import contextlib
-import enum
 import hashlib
 import ipaddress
 import json
@@ -38,6 +37,7 @@ from typing import Any
 
 import httpx
 
+from node.storage.fetching import FetchError, FetchReason
 from node.storage.image import (
     MT_DOCKER_LIST,
     MT_DOCKER_MANIFEST,
@@ -55,7 +55,6 @@ __all__ = [
     "ImageRef",
     "Login",
     "RegistryError",
-    "RegistryReason",
     "looks_like_registry_ref",
     "parse_ref",
     "pull_image",
@@ -76,31 +75,8 @@ _REF = re.compile(
 _CHALLENGE_PARAM = re.compile(r'(\w+)="([^"]*)"')
 
 
-class RegistryReason(enum.StrEnum):
-    BAD_REFERENCE = "bad-reference"
-    UNAUTHORIZED = "unauthorized"
-    NOT_FOUND = "not-found"
-    DIGEST_MISMATCH = "digest-mismatch"
-    NO_PLATFORM = "no-platform"
-    BAD_IMAGE = "bad-image"
-    UNREACHABLE = "unreachable"
-    REGISTRY_FAILED = "registry-failed"
-
-
-_NOT_BUYERS = frozenset({RegistryReason.UNREACHABLE, RegistryReason.REGISTRY_FAILED})
-
-
-class RegistryError(Exception):
-    """An image could not be pulled; ``reason`` says why, the message what to do."""
-
-    def __init__(self, reason: RegistryReason, message: str) -> None:
-        super().__init__(message)
-        self.reason = reason
-
-    @property
-    def buyer_fault(self) -> bool:
-        """The reference, its content or its login is wrong (not the registry's service)."""
-        return self.reason not in _NOT_BUYERS
+class RegistryError(FetchError):
+    """An image could not be pulled."""
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -154,12 +130,12 @@ def parse_ref(text: str) -> ImageRef:
     m = _REF.match(text.strip())
     if m is None:
         raise RegistryError(
-            RegistryReason.BAD_REFERENCE,
+            FetchReason.BAD_REFERENCE,
             f"{text!r} is not a registry reference like registry.example:5000/repo@sha256:<hex>",
         )
     if m["digest"] is None:
         raise RegistryError(
-            RegistryReason.BAD_REFERENCE,
+            FetchReason.BAD_REFERENCE,
             f"{text!r} names no digest: pin the image as {m['host']}/{m['repo']}@sha256:<hex> "
             "(a bid names exact content; `skopeo inspect` shows the digest)",
         )
@@ -188,7 +164,7 @@ async def pull_image(
     """Pull ``ref`` into ``store`` (or find it there) and pin it; return the image.
 
     Raises:
-        RegistryError: see RegistryReason; ``buyer_fault`` says whose fault it is.
+        RegistryError: see FetchReason; ``buyer_fault`` says whose fault it is.
     """
     arch = arch or host_arch()
     if (cached := _cached(store, ref, arch)) is not None:
@@ -213,7 +189,7 @@ async def pull_image(
         config = json.loads(store.read_bytes(doc["config"]["digest"]))
         if isinstance(config, dict) and config.get("architecture", arch) != arch:
             raise RegistryError(
-                RegistryReason.NO_PLATFORM,
+                FetchReason.NO_PLATFORM,
                 f"{ref} is a {config.get('architecture')} image; this node runs linux/{arch}",
             )
     try:
@@ -258,7 +234,7 @@ def _choose(index: dict[str, Any], ref: ImageRef, arch: str) -> str:
             digest: str = desc["digest"]
             return digest
     raise RegistryError(
-        RegistryReason.NO_PLATFORM, f"{ref} has no image for linux/{arch}; pick another image"
+        FetchReason.NO_PLATFORM, f"{ref} has no image for linux/{arch}; pick another image"
     )
 
 
@@ -279,7 +255,7 @@ def _descriptors(doc: dict[str, Any], ref: ImageRef) -> list[dict[str, Any]]:
 
 
 def _bad_image(ref: ImageRef, why: str) -> RegistryError:
-    return RegistryError(RegistryReason.BAD_IMAGE, f"{ref}: {why}")
+    return RegistryError(FetchReason.BAD_CONTENT, f"{ref}: {why}")
 
 
 def _digest_of(data: bytes) -> str:
@@ -311,7 +287,7 @@ class _Session:
             data = await _read_bounded(resp, _MAX_MANIFEST, self.ref)
         if _digest_of(data) != digest:
             raise RegistryError(
-                RegistryReason.DIGEST_MISMATCH,
+                FetchReason.DIGEST_MISMATCH,
                 f"{self.ref}: the registry's manifest {digest} hashes to {_digest_of(data)}",
             )
         try:
@@ -336,7 +312,7 @@ class _Session:
                     w.commit()
                 except CorruptBlob as exc:
                     raise RegistryError(
-                        RegistryReason.DIGEST_MISMATCH,
+                        FetchReason.DIGEST_MISMATCH,
                         f"{self.ref}: blob {digest} is {exc.actual} at the registry",
                     ) from exc
 
@@ -369,7 +345,7 @@ class _Session:
             return await self.http.send(request, stream=True, follow_redirects=True)
         except httpx.HTTPError as exc:
             raise RegistryError(
-                RegistryReason.UNREACHABLE, f"registry {self.ref.host} unreachable: {exc}"
+                FetchReason.UNREACHABLE, f"registry {self.ref.host} unreachable: {exc}"
             ) from exc
 
     async def _answer(self, challenge: str) -> None:
@@ -381,14 +357,14 @@ class _Session:
             return
         if scheme.lower() != "bearer":
             raise RegistryError(
-                RegistryReason.REGISTRY_FAILED,
+                FetchReason.SERVER_FAILED,
                 f"registry {self.ref.host} asks for unsupported auth {scheme or '(none)'!r}",
             )
         params = dict(_CHALLENGE_PARAM.findall(rest))
         realm = params.pop("realm", "")
         if not realm.startswith(("https://", "http://")):
             raise RegistryError(
-                RegistryReason.REGISTRY_FAILED, f"registry {self.ref.host} gave no token realm"
+                FetchReason.SERVER_FAILED, f"registry {self.ref.host} gave no token realm"
             )
         params.setdefault("scope", f"repository:{self.ref.repository}:pull")
         headers = {"Authorization": _basic(self.login)} if self.login is not None else {}
@@ -396,7 +372,7 @@ class _Session:
             resp = await self.http.get(realm, params=params, headers=headers)
         except httpx.HTTPError as exc:
             raise RegistryError(
-                RegistryReason.UNREACHABLE, f"token service of {self.ref.host}: {exc}"
+                FetchReason.UNREACHABLE, f"token service of {self.ref.host}: {exc}"
             ) from exc
         if resp.status_code in (401, 403):
             raise _unauthorized(self.ref, self.login is not None)
@@ -407,7 +383,7 @@ class _Session:
             token = None
         if resp.status_code != 200 or not isinstance(token, str) or not token:
             raise RegistryError(
-                RegistryReason.REGISTRY_FAILED,
+                FetchReason.SERVER_FAILED,
                 f"token service of {self.ref.host} answered {resp.status_code} without a token",
             )
         self._auth = {"Authorization": f"Bearer {token}"}
@@ -430,11 +406,9 @@ def _basic(login: Login) -> str:
 
 def _unauthorized(ref: ImageRef, had_login: bool) -> RegistryError:
     if had_login:
-        return RegistryError(
-            RegistryReason.UNAUTHORIZED, f"registry {ref.host} refused the login for {ref}"
-        )
+        return RegistryError(FetchReason.DENIED, f"registry {ref.host} refused the login for {ref}")
     return RegistryError(
-        RegistryReason.UNAUTHORIZED,
+        FetchReason.DENIED,
         f"registry {ref.host} needs a login for {ref}: set CX_REGISTRY_USERNAME and "
         "CX_REGISTRY_PASSWORD",
     )
@@ -444,11 +418,11 @@ def _status_error(ref: ImageRef, status: int, what: str, had_login: bool) -> Reg
     if status in (401, 403):
         return _unauthorized(ref, had_login)
     if status == 404:
-        return RegistryError(RegistryReason.NOT_FOUND, f"{ref}: the registry has no {what}")
+        return RegistryError(FetchReason.NOT_FOUND, f"{ref}: the registry has no {what}")
     if status >= 500:
         return RegistryError(
-            RegistryReason.REGISTRY_FAILED, f"registry {ref.host} failed ({status}) on {what}"
+            FetchReason.SERVER_FAILED, f"registry {ref.host} failed ({status}) on {what}"
         )
     return RegistryError(
-        RegistryReason.REGISTRY_FAILED, f"registry {ref.host} answered {status} for {what}"
+        FetchReason.SERVER_FAILED, f"registry {ref.host} answered {status} for {what}"
     )

@@ -14,9 +14,9 @@ from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
 from s3_support import running_s3
 
+from node.storage.fetching import FetchReason
 from node.storage.objects import (
     ObjectError,
-    ObjectReason,
     S3Keys,
     fetch_object,
     hash_object,
@@ -80,13 +80,13 @@ async def test_fetch_verifies_the_digest_and_refuses_other_content(s3, store):
         await fetch_object(
             store, url, digest=wrong, size=len(body), s3=s3.config, keys=keys, now=_now()
         )
-    assert info.value.reason is ObjectReason.DIGEST_MISMATCH
+    assert info.value.reason is FetchReason.DIGEST_MISMATCH
     assert info.value.buyer_fault
     with pytest.raises(ObjectError) as info:
         await fetch_object(
             store, "s3://data/in/a.txt", digest=wrong, size=2, s3=s3.config, keys=keys, now=_now()
         )
-    assert info.value.reason is ObjectReason.DIGEST_MISMATCH  # longer than named: cut off
+    assert info.value.reason is FetchReason.DIGEST_MISMATCH  # longer than named: cut off
     assert not store.has(wrong)
     assert sorted(store.digests()) == [_digest(body)]
 
@@ -98,14 +98,14 @@ async def test_missing_objects_and_bad_keys_are_the_buyers_fault(s3, store):
             store, "s3://data/in/none", digest=digest, size=1, s3=s3.config, keys=s3.admin,
             now=_now(),
         )  # fmt: skip
-    assert info.value.reason is ObjectReason.NOT_FOUND
+    assert info.value.reason is FetchReason.NOT_FOUND
     forged = S3Keys(access_key=s3.admin.access_key, secret_key="not-the-secret")
     with pytest.raises(ObjectError) as info:
         await fetch_object(
             store, "s3://data/in/a.txt", digest=digest, size=1, s3=s3.config, keys=forged,
             now=_now(),
         )  # fmt: skip
-    assert info.value.reason is ObjectReason.DENIED
+    assert info.value.reason is FetchReason.DENIED
     assert info.value.buyer_fault
     assert "not-the-secret" not in str(info.value)
     assert "not-the-secret" not in repr(forged)
@@ -124,7 +124,7 @@ async def test_upload_is_allowed_only_under_the_keys_prefix(s3, store):
         await put_object(
             store, digest, "s3://data/other/out.txt", s3=s3.config, keys=keys, now=_now()
         )
-    assert info.value.reason is ObjectReason.DENIED
+    assert info.value.reason is FetchReason.DENIED
 
 
 async def test_a_node_without_an_s3_endpoint_says_how_to_set_one(store):
@@ -153,7 +153,7 @@ async def test_https_and_http_urls(tmp_path, store):
         assert store.read_bytes(digest) == b"a,b\n1,2\n"
         with pytest.raises(ObjectError) as info:
             await fetch_object(store, url + ".gone", digest=_digest(b""), size=0, now=_now())
-        assert info.value.reason is ObjectReason.NOT_FOUND
+        assert info.value.reason is FetchReason.NOT_FOUND
     finally:
         server.shutdown()
         server.server_close()
@@ -167,7 +167,7 @@ def test_urls_are_parsed_strictly():
     for bad in ("ftp://x/y", "s3:///key", "/local/file", "s3://data/../etc"):
         with pytest.raises(ObjectError) as info:
             parse_url(bad)
-        assert info.value.reason is ObjectReason.BAD_URL
+        assert info.value.reason is FetchReason.BAD_REFERENCE
 
 
 @pytest.mark.parametrize(

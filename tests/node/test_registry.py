@@ -19,11 +19,11 @@ from registry_support import (
 )
 
 from node.cli import main
+from node.storage.fetching import FetchReason
 from node.storage.image import RootfsCache, build_rootfs, image_config, list_images
 from node.storage.registry import (
     Login,
     RegistryError,
-    RegistryReason,
     looks_like_registry_ref,
     parse_ref,
     pull_image,
@@ -86,7 +86,7 @@ async def test_unknown_digest_is_not_found_and_the_buyers_fault(public, store):
     missing = "sha256:" + hashlib.sha256(b"nothing").hexdigest()
     with pytest.raises(RegistryError) as info:
         await pull_image(store, parse_ref(public.ref("tools/busybox", missing)))
-    assert info.value.reason is RegistryReason.NOT_FOUND
+    assert info.value.reason is FetchReason.NOT_FOUND
     assert info.value.buyer_fault
 
 
@@ -94,7 +94,7 @@ async def test_unreachable_registry_is_not_the_buyers_fault(store, busybox):
     ref = parse_ref(f"127.0.0.1:{free_port()}/busybox@{busybox[1]}")
     with pytest.raises(RegistryError) as info:
         await pull_image(store, ref)
-    assert info.value.reason is RegistryReason.UNREACHABLE
+    assert info.value.reason is FetchReason.UNREACHABLE
     assert not info.value.buyer_fault
 
 
@@ -104,12 +104,12 @@ async def test_htpasswd_registry_needs_the_login(tmp_path, busybox, store):
         ref = parse_ref(reg.ref("private/busybox", busybox[1]))
         with pytest.raises(RegistryError) as info:
             await pull_image(store, ref)
-        assert info.value.reason is RegistryReason.UNAUTHORIZED
+        assert info.value.reason is FetchReason.DENIED
         assert "CX_REGISTRY_USERNAME" in str(info.value)
         wrong = Login(username=CREDS[0], password="not-it")
         with pytest.raises(RegistryError) as info:
             await pull_image(store, ref, login=wrong)
-        assert info.value.reason is RegistryReason.UNAUTHORIZED
+        assert info.value.reason is FetchReason.DENIED
         assert "not-it" not in str(info.value)
         assert "not-it" not in repr(wrong)
         image = await pull_image(store, ref, login=Login(username=CREDS[0], password=CREDS[1]))
@@ -127,7 +127,7 @@ async def test_multi_arch_index_resolves_to_the_asked_architecture(tmp_path, sto
         with pytest.raises(RegistryError) as info:
             await pull_image(store, ref, arch="riscv64")
     assert (amd.manifest, arm.manifest) == (manifests["amd64"], manifests["arm64"])
-    assert info.value.reason is RegistryReason.NO_PLATFORM
+    assert info.value.reason is FetchReason.NO_PLATFORM
     assert index in store.refs()[f"image/{amd.manifest[7:]}"]  # the index stays with it
 
 
@@ -146,7 +146,7 @@ async def test_content_that_does_not_match_its_digest_is_refused(public, busybox
     async with httpx.AsyncClient(transport=httpx.MockTransport(tamper)) as client:
         with pytest.raises(RegistryError) as info:
             await pull_image(store, ref, client=client)
-    assert info.value.reason is RegistryReason.DIGEST_MISMATCH
+    assert info.value.reason is FetchReason.DIGEST_MISMATCH
     assert info.value.buyer_fault
     assert list(store.digests()) == []  # nothing unverified was kept
 
@@ -161,7 +161,7 @@ def test_references_must_be_pinned_by_digest():
     for bad in ("busybox", "127.0.0.1:5000/Upper@" + digest, "host/repo@sha256:abc"):
         with pytest.raises(RegistryError) as info:
             parse_ref(bad)
-        assert info.value.reason is RegistryReason.BAD_REFERENCE
+        assert info.value.reason is FetchReason.BAD_REFERENCE
     assert looks_like_registry_ref("127.0.0.1:5000/busybox@" + digest)
     assert looks_like_registry_ref("localhost/x")
     assert not looks_like_registry_ref("busybox")
@@ -204,7 +204,7 @@ async def test_token_auth_registry_gets_a_bearer_token_for_the_login(tmp_path, b
             ref = parse_ref(reg.ref("team/busybox", busybox[1]))
             with pytest.raises(RegistryError) as info:
                 await pull_image(store, ref)
-            assert info.value.reason is RegistryReason.UNAUTHORIZED
+            assert info.value.reason is FetchReason.DENIED
             issued = tokens.tokens_issued
             image = await pull_image(store, ref, login=Login(username=CREDS[0], password=CREDS[1]))
             assert image.manifest == busybox[1]
