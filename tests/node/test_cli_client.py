@@ -6,8 +6,11 @@ server (with a fake Controller) runs in the test's trio loop.
 
 from __future__ import annotations
 
+import hashlib
+import http.server
 import json
 import socket
+import threading
 from functools import partial
 
 import pytest
@@ -331,3 +334,47 @@ def test_credit_formatting_and_tables():
         "xyz    5",
         "q    123",
     ]
+
+
+async def test_run_pins_a_web_input_on_the_users_machine_and_sends_keys_for_s3(
+    node, cx, tmp_path, monkeypatch
+):
+    """The node reads only its own S3 endpoint; a web URL is hashed by cx run itself. S3
+    keys come from the environment and travel in the request, never on the command line."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "data.csv").write_bytes(b"a,b\n")
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args, **kwargs):
+            super().__init__(*args, directory=str(tmp_path / "site"), **kwargs)
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-on-argv")
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}/data.csv"
+        code, _, err = await cx(
+            "run", "-d", "--max-price", "1", "--input", f"{url}:/in/data.csv",
+            "--input", "s3://bucket/more/:/in/more", "--output-to", "s3://bucket/out/",
+            DIGEST, "true",
+        )  # fmt: skip
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert code == 0, err
+    request = node[0].submitted[-1]
+    web, prefix = request.inputs
+    assert (web.url, web.digest, web.size) == (
+        url,
+        "sha256:" + hashlib.sha256(b"a,b\n").hexdigest(),
+        4,
+    )
+    assert (prefix.url, prefix.digest) == ("s3://bucket/more/", None)
+    assert request.output_to == "s3://bucket/out/"
+    assert request.credentials is not None
+    assert request.credentials.s3.secret_key.get_secret_value() == "not-on-argv"
+    assert "not-on-argv" not in request.to_json()

@@ -6,6 +6,7 @@ Whole nodes over memnet with real containers (tests/node/market_support.py)."""
 from __future__ import annotations
 
 import hashlib
+import re
 from pathlib import Path
 from typing import Any
 
@@ -31,7 +32,7 @@ from s3_support import running_s3
 from node.api import views
 from node.api.controller import serve_control
 from node.cli import main
-from node.market.request import build_request
+from node.market.request import RequestError, build_request
 from node.storage.home import Home, NodeConfig, ProviderConfig, S3Config, init_home
 from node.storage.image import build_rootfs
 from protocol.messages import Arch, Prices, Resources
@@ -238,3 +239,23 @@ async def test_cx_run_pulls_a_registry_image_and_reads_and_writes_s3(
         )
         assert code == 125
         assert "pin the image" in err
+
+
+async def test_the_node_reads_no_address_a_request_names_but_its_own_s3_endpoint(image_layout):
+    """A web URL must come pinned (cx run hashes it on the user's machine); an s3:// input
+    needs the node's [s3] endpoint. Either way nothing is fetched from the address given."""
+    async with cluster(image_layout) as c:
+        buyer = await c.start(init_home(c.root / "buyer", NodeConfig()))
+        for url, said in (
+            ("http://127.0.0.1:9/data.csv", "give its digest and size"),
+            ("s3://data/in/words.txt", "set [s3] endpoint in config.toml"),
+        ):
+            request = build_request(
+                image="sha256:" + "ab" * 32,
+                command=("true",),
+                max_prices={"cpu_core_hour": 1},
+                inputs=[{"path": "/in/x", "url": url}],
+            )
+            with pytest.raises(RequestError, match=re.escape(said)):
+                await buyer.peer.submit(request)
+        assert buyer.peer.jobs() == []
