@@ -4,12 +4,17 @@ a full pipe never stalls it."""
 
 from __future__ import annotations
 
+import contextlib
+import http.server
 import os
 import select
 import socket
 import subprocess
 import threading
 import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
 
 
 def free_port() -> int:
@@ -40,3 +45,23 @@ def _drain(proc: subprocess.Popen[bytes]) -> None:
     assert proc.stderr is not None
     while proc.stderr.read(65536):
         pass
+
+
+@contextlib.contextmanager
+def serving_directory(root: Path) -> Iterator[str]:
+    """A plain HTTP server for the files under ``root`` on loopback; yields its base URL."""
+
+    class Quiet(http.server.SimpleHTTPRequestHandler):
+        def __init__(self, *args: Any, **kwargs: Any) -> None:
+            super().__init__(*args, directory=str(root), **kwargs)
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()

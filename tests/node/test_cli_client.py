@@ -7,15 +7,14 @@ server (with a fake Controller) runs in the test's trio loop.
 from __future__ import annotations
 
 import hashlib
-import http.server
 import json
 import socket
-import threading
 from functools import partial
 
 import pytest
 import trio
 from api_support import NOW_MS, PEER_A, TOKEN, FakeController
+from process_support import serving_directory
 
 from node.api.client import ApiClient, NodeNotRunning
 from node.api.common import ApiError, write_api_info
@@ -344,27 +343,15 @@ async def test_run_pins_a_web_input_on_the_users_machine_and_sends_keys_for_s3(
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "data.csv").write_bytes(b"a,b\n")
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(tmp_path / "site"), **kwargs)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
     monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-on-argv")
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/data.csv"
+    with serving_directory(tmp_path / "site") as base:
+        url = f"{base}/data.csv"
         code, _, err = await cx(
             "run", "-d", "--max-price", "1", "--input", f"{url}:/in/data.csv",
             "--input", "s3://bucket/more/:/in/more", "--output-to", "s3://bucket/out/",
             DIGEST, "true",
         )  # fmt: skip
-    finally:
-        server.shutdown()
-        server.server_close()
     assert code == 0, err
     request = node[0].submitted[-1]
     web, prefix = request.inputs

@@ -4,14 +4,13 @@ loopback, checking signatures and IAM policies) and a plain HTTP server."""
 from __future__ import annotations
 
 import hashlib
-import http.server
-import threading
 from datetime import UTC, datetime
 
 import pytest
 from botocore.auth import S3SigV4Auth
 from botocore.awsrequest import AWSRequest
 from botocore.credentials import Credentials
+from process_support import serving_directory
 from s3_support import running_s3
 
 from node.storage.fetching import FetchReason
@@ -136,17 +135,8 @@ async def test_https_and_http_urls(tmp_path, store):
     (tmp_path / "site").mkdir()
     (tmp_path / "site" / "data.csv").write_bytes(b"a,b\n1,2\n")
 
-    class Quiet(http.server.SimpleHTTPRequestHandler):
-        def __init__(self, *args, **kwargs):
-            super().__init__(*args, directory=str(tmp_path / "site"), **kwargs)
-
-        def log_message(self, *args):
-            pass
-
-    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Quiet)
-    threading.Thread(target=server.serve_forever, daemon=True).start()
-    try:
-        url = f"http://127.0.0.1:{server.server_address[1]}/data.csv"
+    with serving_directory(tmp_path / "site") as base:
+        url = f"{base}/data.csv"
         digest, size = await hash_object(url, now=_now())
         assert (digest, size) == (_digest(b"a,b\n1,2\n"), 8)
         await fetch_object(store, url, digest=digest, size=size, now=_now())
@@ -154,9 +144,6 @@ async def test_https_and_http_urls(tmp_path, store):
         with pytest.raises(ObjectError) as info:
             await fetch_object(store, url + ".gone", digest=_digest(b""), size=0, now=_now())
         assert info.value.reason is FetchReason.NOT_FOUND
-    finally:
-        server.shutdown()
-        server.server_close()
 
 
 def test_urls_are_parsed_strictly():
