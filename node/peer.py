@@ -27,6 +27,7 @@ import logging
 import shutil
 from collections.abc import AsyncIterator
 from dataclasses import dataclass
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -37,6 +38,7 @@ from node.exec.executor import Executor, ExecutorConfig
 from node.market.buyer import FINAL_STATES, WAITING_STATES, Buyer
 from node.market.gossip import Market
 from node.market.provider import Provider, Runner
+from node.market.remote import resolve_remote
 from node.market.request import JobRequest, parse_request, resolve
 from node.net.transport import Network, NetworkError
 from node.storage import transfer
@@ -106,8 +108,9 @@ class Written:
     """One output file written by :meth:`Peer.outputs`."""
 
     path: str  # in the job
-    file: str  # on this machine
+    file: str | None  # on this machine; None for an output uploaded to the job's prefix
     size: int
+    url: str | None = None  # where it was uploaded (JobRequest.output_to)
 
 
 class Peer:
@@ -153,8 +156,12 @@ class Peer:
 
         Raises RequestError.
         """
+        request = await resolve_remote(
+            request, s3=self.config.s3, now=datetime.fromtimestamp(self.market.now_ms() / 1000, UTC)
+        )
         resolved = await trio.to_thread.run_sync(resolve, request, self.market.store)
-        return await self.buyer.submit(resolved)
+        credentials = request.credentials.credentials() if request.credentials else None
+        return await self.buyer.submit(resolved, credentials)
 
     def jobs(self) -> list[JobRow]:
         """This node's jobs, newest first."""
@@ -241,6 +248,11 @@ class Peer:
                 raise Conflict(
                     "bad-output", f"output path {ref['path']} leaves the output directory"
                 )
+            if "url" in ref and not self.market.store.has(ref["digest"]):
+                written.append(
+                    Written(path=ref["path"], file=None, size=ref["size"], url=ref["url"])
+                )
+                continue  # it went to the job's object-store prefix
             target = dest / rel
             target.parent.mkdir(parents=True, exist_ok=True)
             await trio.to_thread.run_sync(
@@ -291,7 +303,7 @@ async def serve_peer(
     key, config = home.key(), home.config()
     clock = clock or Clock()
     db = Database(home.db_path)
-    store = BlobStore(home.store_root)
+    store = BlobStore(home.store_root, budget_bytes=config.store_budget_bytes)
     trader = Trader(key)
     for entry, _ in db.ledger():
         try:
@@ -338,7 +350,7 @@ async def serve_peer(
                 )
                 if isinstance(runner, Executor):
                     stack.callback(runner.close)  # its cleanups and helper process
-                provider = Provider(market, key, runner, config.provider, attestor)
+                provider = Provider(market, key, runner, config.provider, attestor, s3=config.s3)
                 await nursery.start(provider.run)
             for addr in config.bootstrap:
                 try:

@@ -45,6 +45,7 @@ MESSAGE_TYPES: dict[str, type] = {
     "reject": m.Reject,
     "job-status": m.JobStatus,
     "usage-receipt": m.UsageReceipt,
+    "job-secrets": m.JobSecrets,
     "enrolment": m.Enrolment,
     "activation-challenge": m.ActivationChallenge,
     "activation-answer": m.ActivationAnswer,

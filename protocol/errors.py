@@ -54,6 +54,8 @@ class Reason(enum.StrEnum):
     MISSING_FIELD = "missing-field"
     UNKNOWN_FIELD = "unknown-field"
     BAD_FIELD = "bad-field"
+    # sealed secrets (spec/messages.md)
+    BAD_SEAL = "bad-seal"
     # trade (spec/lifecycle.md, spec/settlement.md)
     WRONG_PARTY = "wrong-party"
     TERMS_MISMATCH = "terms-mismatch"

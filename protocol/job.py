@@ -3,7 +3,9 @@
     agreed -> transferring -> running -> succeeded | failed | timed-out | preempted
            -> receipted -> settled
 
-A provider fault can end a job from any state before it ends on its own; a job that ended
+A job whose image or inputs cannot be had as named fails while transferring (exit reason
+``bad-input``: the buyer's fault). A provider fault can end a job from any state before it
+ends on its own; a job that ended
 so may still be receipted (the provider admits it and charges nothing) or be abandoned by
 the buyer and matched elsewhere. Both roles use the same table: the provider moves its job
 as the executor reports, the buyer follows the provider's signed JobStatus events, which
@@ -26,6 +28,7 @@ ENDED = frozenset({_J.SUCCEEDED, _J.FAILED, _J.TIMED_OUT, _J.PREEMPTED, _J.PROVI
 _EDGES = [
     (_J.AGREED, _J.TRANSFERRING),
     (_J.TRANSFERRING, _J.RUNNING),
+    (_J.TRANSFERRING, _J.FAILED),  # bad-input: the content was not as the job named it
     *((_J.RUNNING, end) for end in ENDED),
     *((before, _J.PROVIDER_FAULT) for before in (_J.AGREED, _J.TRANSFERRING)),
     *((end, _J.RECEIPTED) for end in ENDED),
@@ -43,6 +46,7 @@ END_STATE = MappingProxyType(
         ExitReason.TIMEOUT: _J.TIMED_OUT,
         ExitReason.PREEMPTED: _J.PREEMPTED,
         ExitReason.PROVIDER_FAULT: _J.PROVIDER_FAULT,
+        ExitReason.BAD_INPUT: _J.FAILED,
     }
 )
 

@@ -9,6 +9,9 @@ and the attestation nonce) -> Accept (with evidence and the provider's signature
 terms) or Reject -> Agreement (both signatures over the same terms bytes) -> JobStatus
 events -> UsageReceipt (provider-signed) -> CountersignedReceipt (buyer adds its signature).
 
+After the agreement, when the job names sealed secrets (a registry login, S3 keys): JobSecrets
+(buyer to provider, sealed to the offer's ``seal_key``).
+
 TPM enrolment, once per buyer and provider before the first TPM quote is trusted
 (spec/attestation.md §3.1): Enrolment (provider) -> ActivationChallenge (buyer) ->
 ActivationAnswer (provider).
@@ -38,15 +41,19 @@ __all__ = [
     "Evidence",
     "ExitReason",
     "Gpu",
+    "JobSecrets",
     "JobSpec",
     "JobState",
     "JobStatus",
     "Offer",
     "Prices",
     "Proposal",
+    "RegistryLogin",
     "Reject",
     "RejectReason",
     "Resources",
+    "S3Secret",
+    "SecretsPlain",
     "SignedInt",
     "Terms",
     "TrustLevel",
@@ -56,6 +63,13 @@ __all__ = [
 ]
 
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}\Z")
+# Where job data may live (spec/messages.md, "Data in registries and object stores").
+_COMPONENT = r"[a-z0-9]+(?:(?:[._]|__|-+)[a-z0-9]+)*"
+_REGISTRY = re.compile(rf"[A-Za-z0-9.-]+(?::[0-9]{{1,5}})?/{_COMPONENT}(?:/{_COMPONENT})*\Z")
+_OBJECT_URL = re.compile(r"(https?://[^/?#\s]+[^\s]*|s3://[a-z0-9][a-z0-9.-]{1,62}/[^\s]*[^/\s])\Z")
+_S3_PREFIX = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,62}/(?:[^\s]*/)?\Z")
+SECRET_NAMES = ("registry", "s3")
+SEAL_KEY_SIZE = 32
 
 
 def check_digest(value: str, what: str) -> None:
@@ -156,16 +170,21 @@ class Constraints:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class DataRef:
-    """A content-addressed blob and where the container sees it."""
+    """A content-addressed blob and where the container sees it; ``url``, where the
+    provider fetches it (an input) or put it (an output): ``http(s)://`` or
+    ``s3://bucket/key``. Without one, it travels peer to peer."""
 
     digest: str
     path: str
     size: int
+    url: str | None = None
 
     def __post_init__(self) -> None:
         check_digest(self.digest, "data digest")
         if not self.path.startswith("/"):
             raise ValueError(f"path {self.path!r} must be absolute")
+        if self.url is not None and not _OBJECT_URL.match(self.url):
+            raise ValueError(f"url {self.url!r} must be http(s)://... or s3://bucket/key")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -185,7 +204,12 @@ class Checkpoint:
 
 @dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
-    image: str  # OCI image manifest digest
+    """``image`` is an OCI image manifest digest; with ``registry`` (``HOST[:PORT]/REPO``)
+    the provider pulls it from there, and it may name an index (resolved to the provider's
+    architecture). ``output_to`` (``s3://bucket/prefix/``): where the provider uploads the
+    outputs. ``secrets`` names the sealed secrets the buyer sends after the agreement."""
+
+    image: str
     command: tuple[str, ...]
     env: dict[str, str] = field(default_factory=dict)
     inputs: tuple[DataRef, ...] = ()
@@ -193,6 +217,9 @@ class JobSpec:
     max_output_bytes: int = 64 * 1024 * 1024
     wall_ms: int = 3_600_000
     network: bool = False
+    registry: str | None = None
+    output_to: str | None = None
+    secrets: tuple[str, ...] | None = None
 
     def __post_init__(self) -> None:
         check_digest(self.image, "image")
@@ -200,6 +227,18 @@ class JobSpec:
             raise ValueError("command must not be empty")
         if self.wall_ms <= 0:
             raise ValueError("wall_ms must be positive")
+        if self.registry is not None and not _REGISTRY.match(self.registry):
+            raise ValueError(f"registry {self.registry!r} must be HOST[:PORT]/REPO")
+        if self.output_to is not None and not _S3_PREFIX.match(self.output_to):
+            raise ValueError(f"output_to {self.output_to!r} must be s3://bucket/prefix/")
+        if self.secrets is not None and (
+            not self.secrets
+            or list(self.secrets) != sorted(set(self.secrets))
+            or not set(self.secrets) <= set(SECRET_NAMES)
+        ):
+            raise ValueError(
+                f"secrets must be distinct, sorted and among {', '.join(SECRET_NAMES)}"
+            )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -212,10 +251,13 @@ class Offer:
     region: str = ""
     max_wall_ms: int = 24 * 3_600_000
     network: bool = False  # jobs may use the network
+    seal_key: bytes | None = None  # X25519 public key buyers seal a job's secrets to
 
     def __post_init__(self) -> None:
         if self.capacity.gpus != len(self.gpus):
             raise ValueError("capacity.gpus must equal the number of gpus listed")
+        if self.seal_key is not None and len(self.seal_key) != SEAL_KEY_SIZE:
+            raise ValueError(f"seal_key must be {SEAL_KEY_SIZE} bytes (X25519)")
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -321,6 +363,7 @@ class ExitReason(enum.StrEnum):
     OUTPUT_TOO_LARGE = "output-too-large"
     PREEMPTED = "preempted"
     PROVIDER_FAULT = "provider-fault"
+    BAD_INPUT = "bad-input"  # the job's image or inputs could not be had as named
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -369,6 +412,43 @@ class UsageReceipt:
         cut = self.truncated_logs
         if len(set(cut)) != len(cut) or not set(cut) <= set(paths):
             raise ValueError("truncated_logs must name distinct paths of the receipt's logs")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class JobSecrets:
+    """Buyer to provider, after the agreement: the secrets ``JobSpec.secrets`` names, as a
+    sealed box (X25519, XSalsa20-Poly1305) to the ``seal_key`` of the agreed offer. The box
+    holds the canonical encoding of :class:`SecretsPlain`."""
+
+    agreement_id: bytes
+    sealed: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class RegistryLogin:
+    username: str
+    password: str = field(repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class S3Secret:
+    """Keys for the job's ``s3://`` inputs and ``output_to`` prefix (ideally for no more)."""
+
+    access_key: str
+    secret_key: str = field(repr=False)
+    session_token: str | None = field(default=None, repr=False)
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class SecretsPlain:
+    """What a JobSecrets box holds (not a signed message: it is inside one)."""
+
+    agreement_id: bytes
+    registry: RegistryLogin | None = None
+    s3: S3Secret | None = None
+
+    def names(self) -> tuple[str, ...]:
+        return tuple(n for n in SECRET_NAMES if getattr(self, n) is not None)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

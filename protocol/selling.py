@@ -147,6 +147,9 @@ class Selling:
             check_terms_against_offer(terms, self.offer, self.trader.me)
         except InvalidMessage as exc:
             return RejectReason.BAD_TERMS, str(exc)
+        if terms.job.secrets and self.offer.payload.seal_key is None:
+            # spec/messages.md rule 6: nowhere to seal them to
+            return RejectReason.BAD_TERMS, "this provider takes no sealed secrets"
         return None
 
     def preemption_for(self, proposal_id: MessageId) -> list[bytes] | None:

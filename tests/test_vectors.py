@@ -6,6 +6,7 @@ import json
 import sys
 from pathlib import Path
 
+import nacl.public
 import pytest
 
 VECTORS = Path(__file__).resolve().parent.parent / "spec" / "vectors"
@@ -30,7 +31,8 @@ from protocol.messages import (
     Resources,
     Usage,
 )
-from protocol.schema import from_value
+from protocol.schema import from_value, to_value
+from protocol.secrets import encode_secrets, open_secrets
 from protocol.settlement import charge
 from protocol.usage import Observation, classify
 
@@ -146,6 +148,20 @@ def check_limits(case):
         assert info.value.field == case["field"]
 
 
+def check_sealed_secrets(case):
+    recipient = bytes.fromhex(case["recipient"])
+    assert bytes(nacl.public.PrivateKey(recipient).public_key).hex() == case["seal_key"]
+    box, agreement = bytes.fromhex(case["box"]), bytes.fromhex(case["agreement_id"])
+    if not case["valid"]:
+        with pytest.raises(InvalidMessage) as info:
+            open_secrets(box, recipient, agreement_id=agreement)
+        assert info.value.reason.value == case["error"]
+        return
+    plain = open_secrets(box, recipient, agreement_id=agreement)
+    assert to_value(plain) == from_json(case["plaintext"])
+    assert encode_secrets(plain) == encode(from_json(case["plaintext"]))
+
+
 @pytest.mark.parametrize(("kind", "case"), list(_cases()))
 def test_vector(kind, case):
-    globals()[f"check_{kind}"](case)
+    globals()[f"check_{kind.replace('-', '_')}"](case)

@@ -93,7 +93,7 @@ class ApiClient:
 
     def submit(self, request: JobRequest) -> Json:
         """Submit a job; returns its JobView."""
-        return self._object("POST", "/v1/jobs", request.to_json())
+        return self._object("POST", "/v1/jobs", request.wire_json())
 
     def jobs(self) -> list[Json]:
         return self._list("GET", "/v1/jobs")

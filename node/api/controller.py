@@ -92,7 +92,10 @@ class NodeController:
     async def outputs(self, job_id: str, dest: str) -> list[Json]:
         with _refusals():
             written = await self.peer.outputs(job_id, Path(dest))
-        return [{"path": w.path, "file": w.file, "size": w.size} for w in written]
+        return [
+            {"path": w.path, "size": w.size, **({"file": w.file} if w.file else {"url": w.url})}
+            for w in written
+        ]
 
     async def cancel(self, job_id: str) -> Json:
         with _refusals():

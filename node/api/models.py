@@ -33,6 +33,7 @@ class BlobRef(_View):
     path: str  # where the job saw it
     digest: str  # sha256:<hex>
     size: int
+    url: str | None = None  # an output uploaded to the job's output_to prefix
 
 
 class JobView(_View):
@@ -108,8 +109,9 @@ class OutputsRequest(_View):
 
 class WrittenView(_View):
     path: str
-    file: str
+    file: str | None = None  # None: not here, it went to the job's prefix (``url``)
     size: int
+    url: str | None = None
 
 
 class ClassView(_View):

@@ -164,6 +164,7 @@ def _routes(app: FastAPI, c: Controller) -> None:
         "/v1/jobs",
         status_code=201,
         response_model=models.JobView,
+        response_model_exclude_unset=True,  # an output's url only when it has one
         openapi_extra={
             "requestBody": {
                 "required": True,
@@ -182,11 +183,11 @@ def _routes(app: FastAPI, c: Controller) -> None:
             raise ApiError(400, exc.code, str(exc)) from None
         return await c.submit(job)
 
-    @app.get("/v1/jobs", response_model=list[models.JobView])
+    @app.get("/v1/jobs", response_model=list[models.JobView], response_model_exclude_unset=True)
     async def jobs() -> list[Json]:
         return c.jobs()
 
-    @app.get("/v1/jobs/{job_id}", response_model=models.JobView)
+    @app.get("/v1/jobs/{job_id}", response_model=models.JobView, response_model_exclude_unset=True)
     async def job(job_id: JobId) -> Json:
         return c.job(job_id)
 
@@ -206,13 +207,19 @@ def _routes(app: FastAPI, c: Controller) -> None:
     async def logs(job_id: JobId) -> Json:
         return await c.logs(job_id)
 
-    @app.post("/v1/jobs/{job_id}/outputs", response_model=list[models.WrittenView])
+    @app.post(
+        "/v1/jobs/{job_id}/outputs",
+        response_model=list[models.WrittenView],
+        response_model_exclude_unset=True,
+    )
     async def outputs(job_id: JobId, body: models.OutputsRequest) -> list[Json]:
         if not body.dest.startswith("/") or "\x00" in body.dest:
             raise ApiError(400, "bad-request", "dest must be an absolute path")
         return await c.outputs(job_id, body.dest)
 
-    @app.post("/v1/jobs/{job_id}/cancel", response_model=models.JobView)
+    @app.post(
+        "/v1/jobs/{job_id}/cancel", response_model=models.JobView, response_model_exclude_unset=True
+    )
     async def cancel(job_id: JobId) -> Json:
         return await c.cancel(job_id)
 

@@ -22,6 +22,13 @@ import trio
 from node.cli.image import add_home_option, resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
 from node.storage.image import ImageError
+from node.storage.registry import (
+    Login,
+    RegistryError,
+    looks_like_registry_ref,
+    parse_ref,
+    pull_image,
+)
 from node.storage.store import BlobStore
 from protocol.limits import OutOfBounds, check_limits, check_pids_limit
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
@@ -69,7 +76,9 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     p = commands.add_parser(
         "exec",
         help="run a job locally in a container with enforced limits",
-        description="Run COMMAND in IMAGE (name or digest from cx image ls) with the limits "
+        description="Run COMMAND in IMAGE (name or digest from cx image ls, or a registry "
+        "reference HOST[:PORT]/REPO@sha256:..., pulled and verified; a private registry's "
+        "login comes from CX_REGISTRY_USERNAME and CX_REGISTRY_PASSWORD) with the limits "
         "given, then print the exit reason, metered usage and output digests.",
     )
     p.add_argument("image")
@@ -112,7 +121,7 @@ def _run(args: argparse.Namespace) -> int:
     except OutOfBounds as exc:  # say which option
         print(f"cx exec: {_OPTION.get(exc.field, exc.field)}: {exc.why}", file=sys.stderr)
         return EXIT_INPUT
-    except (ImageError, CapacityExceeded, ValueError, OSError) as exc:
+    except (ImageError, RegistryError, CapacityExceeded, ValueError, OSError) as exc:
         print(f"cx exec: {exc}", file=sys.stderr)
         return EXIT_INPUT
 
@@ -120,7 +129,7 @@ def _run(args: argparse.Namespace) -> int:
 async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     resources = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
     store = BlobStore(args.home / "store")
-    spec = _job(args, store, command)
+    spec = _job(args, store, command, await _image(args.image, store))
     checkpoint = None
     if args.checkpoint_dir or args.resume:
         checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)
@@ -154,9 +163,19 @@ async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     return 0 if result.exit_reason is ExitReason.SUCCESS else max(1, result.exit_code & 0xFF)
 
 
-def _job(args: argparse.Namespace, store: BlobStore, command: tuple[str, ...]) -> JobSpec:
+async def _image(name: str, store: BlobStore) -> str:
+    """The manifest digest of IMAGE: pulled from its registry (``HOST/REPO@sha256:...``),
+    or found in the store."""
+    if looks_like_registry_ref(name):
+        pulled = await pull_image(store, parse_ref(name), login=Login.from_env(os.environ))
+        return pulled.manifest
+    return resolve_image(store, name)
+
+
+def _job(
+    args: argparse.Namespace, store: BlobStore, command: tuple[str, ...], image: str
+) -> JobSpec:
     """The job the flags describe; its inputs are stored."""
-    image = resolve_image(store, args.image)
     inputs = []
     for item in args.input:
         src, sep, dest = item.rpartition(":")

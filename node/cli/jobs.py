@@ -160,7 +160,7 @@ def _get(args: argparse.Namespace) -> int:
         return 0
     print(f"{len(files)} file(s) under {dest}", file=sys.stderr)
     if files:
-        rows = [(f["path"], f["file"], f["size"]) for f in files]
+        rows = [(f["path"], f.get("file") or f["url"], f["size"]) for f in files]
         print(table(("PATH", "FILE", "SIZE"), rows, right=(2,)))
     return 0
 

@@ -9,11 +9,17 @@ stdout to stdout once it has ended. Exit status: see ``_EPILOG``.
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import os
 import re
 import sys
 import time
+from datetime import UTC, datetime
+from functools import partial
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from node.api.client import ApiClient, ClientError
 from node.api.common import ApiError
@@ -30,7 +36,10 @@ from node.cli.common import (
 from node.cli.image import resolve_image
 from node.market.buyer import FINAL_STATES
 from node.market.request import JobRequest, RequestError, build_request
+from node.storage.fetching import FetchError
 from node.storage.image import ImageError
+from node.storage.objects import S3Keys, hash_object
+from node.storage.registry import Login, looks_like_registry_ref
 from node.storage.store import BlobStore
 
 __all__ = ["register"]
@@ -50,9 +59,15 @@ examples:
   cx run --detach --name train --preemptible --checkpoint-path /ckpt \\
          --gpus 1 --max-price 1 --max-gpu-price 40 ./trainer-oci -- python train.py
   cx run --wait-match 2m --region eu-west --trust sev-snp --max-price 5 sha256:4f1c... -- true
+  cx run --max-price 1 --input s3://data/run1/:/in --output-to s3://data/out/ \\
+         registry.example:5000/team/app@sha256:0315... -- sh -c 'wc -l /in/* > /out/n'
 
 IMAGE is a manifest digest (sha256:...), a name or digest prefix from `cx image ls` in the
-node's store, or the path of an OCI layout directory or archive, which the node imports.
+node's store, the path of an OCI layout directory or archive, which the node imports, or a
+registry image pinned by digest, HOST[:PORT]/REPO@sha256:..., which the provider pulls.
+A private registry's login comes from CX_REGISTRY_USERNAME and CX_REGISTRY_PASSWORD, S3
+keys from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN); they go sealed to
+the provider that runs the job, and nowhere else.
 Put options before IMAGE; everything after it (and after an optional --) is the command.
 
 Prices are credits. --max-price caps the price per core-hour of CPU time; memory and disk
@@ -143,8 +158,15 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "--input",
         action="append",
         default=[],
-        metavar="LOCAL:/PATH",
-        help="make the local file LOCAL readable at /PATH in the job (repeatable)",
+        metavar="SOURCE:/PATH",
+        help="make SOURCE readable at /PATH in the job (repeatable): a local file, or a URL "
+        "(https://..., s3://bucket/key, or s3://bucket/prefix/ for every object under it, "
+        "placed under /PATH); the node pins each by its sha256",
+    )
+    job.add_argument(
+        "--output-to",
+        metavar="s3://BUCKET/PREFIX/",
+        help="upload the job's outputs under this prefix (the node's [s3] endpoint)",
     )
     job.add_argument(
         "--env",
@@ -239,6 +261,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
     if args.checkpoint_path is not None and not args.checkpoint_path.startswith("/"):
         raise _Unusable("--checkpoint-path must be an absolute path in the container")
     same = args.max_price
+    inputs = [_input(item) for item in args.input]
     fields = {
         "image": _image(args.image, args.home),
         "command": command,
@@ -257,10 +280,12 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "arch": args.arch,
         "regions": args.region,
         "trust": args.trust,
-        "inputs": [_input(item) for item in args.input],
+        "inputs": inputs,
         "preemptible": args.preemptible,
         "checkpoint_path": args.checkpoint_path,
         "name": args.name,
+        "output_to": args.output_to,
+        "credentials": _credentials(args.image, inputs, args.output_to),
     }
     try:
         return build_request(**fields)
@@ -268,10 +293,34 @@ def _request(args: argparse.Namespace) -> JobRequest:
         raise _Unusable(str(exc)) from None
 
 
-def _input(item: str) -> dict[str, str]:
+def _credentials(
+    image: str, inputs: list[dict[str, Any]], output_to: str | None
+) -> dict[str, Any] | None:
+    """The registry login and S3 keys the job needs, from the environment (never argv)."""
+    found: dict[str, Any] = {}
+    login = Login.from_env(os.environ)
+    if login is not None and looks_like_registry_ref(image):
+        found["registry"] = dataclasses.asdict(login)
+    keys = S3Keys.from_env(os.environ)
+    uses_s3 = output_to is not None or any(i.get("url", "").startswith("s3://") for i in inputs)
+    if keys is not None and uses_s3:
+        found["s3"] = {k: v for k, v in dataclasses.asdict(keys).items() if v is not None}
+    return found or None
+
+
+def _input(item: str) -> dict[str, Any]:
     local, sep, dest = item.rpartition(":")
     if not sep or not local or not dest.startswith("/"):
-        raise _Unusable(f"--input {item!r}: use LOCAL_FILE:/path/in/job")
+        raise _Unusable(f"--input {item!r}: use LOCAL_FILE:/path/in/job or URL:/path/in/job")
+    if local.startswith(("http://", "https://")):
+        # The node reads only its own S3 endpoint: pin a web URL here, on the user's machine.
+        try:
+            digest, size = trio.run(partial(hash_object, local, now=datetime.now(UTC)))
+        except FetchError as exc:
+            raise _Unusable(f"--input {item!r}: {exc}") from None
+        return {"path": dest, "url": local, "digest": digest, "size": size}
+    if "://" in local:
+        return {"path": dest, "url": local}
     path = Path(local)
     if not path.is_file():
         raise _Unusable(f"--input {item!r}: {local} is not a file")
@@ -284,8 +333,8 @@ def _image(name: str, home: Path) -> str:
     Raises:
         _Unusable: ``name`` is none of a digest, a path, or an image in the node's store.
     """
-    if _DIGEST.fullmatch(name):
-        return name
+    if _DIGEST.fullmatch(name) or looks_like_registry_ref(name):
+        return name  # a registry image is checked with the request, and pulled by the provider
     path = Path(name)
     if path.exists():
         return str(path.resolve())
@@ -330,7 +379,10 @@ def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> in
     if args.output is not None and job.get("outputs"):
         args.output.mkdir(parents=True, exist_ok=True)
         files = api.outputs(job_id, args.output)
-        print(f"cx run: {len(files)} output file(s) in {args.output}", file=sys.stderr)
+        here = [f for f in files if "file" in f]
+        print(f"cx run: {len(here)} output file(s) in {args.output}", file=sys.stderr)
+        if uploaded := len(files) - len(here):
+            print(f"cx run: {uploaded} output(s) uploaded under {args.output_to}", file=sys.stderr)
     print(f"cx run: {_summary(job)}", file=sys.stderr)
     return exit_status(job)
 

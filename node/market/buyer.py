@@ -26,6 +26,7 @@ from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
 from node.market.gossip import Market
 from node.market.request import JobRequest, bid_from_request, parse_request
+from node.market.secrets import Vault, lost_secrets, send_secrets
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -46,6 +47,7 @@ from node.net.wire import (
 )
 from node.storage import transfer
 from node.storage.db import Database, JobRow
+from node.storage.jobdata import Credentials
 from node.tpm import attestor as attestation
 from protocol.book import Match
 from protocol.buying import Buying
@@ -106,6 +108,7 @@ class Buyer:
         self._bid_jobs: dict[bytes, str] = {}  # bid id -> job id
         self._negotiating: set[bytes] = set()  # bid ids
         self._followed: dict[bytes, trio.Event] = {}  # agreement id -> job over
+        self.vault = Vault()  # the jobs' registry logins and S3 keys, in memory only
 
     @property
     def db(self) -> Database:
@@ -127,9 +130,10 @@ class Buyer:
         log.info("job %s: %s %s", job_id, state, detail)
         self.market.touch()
 
-    async def submit(self, request: JobRequest) -> JobRow:
+    async def submit(self, request: JobRequest, credentials: Credentials | None = None) -> JobRow:
         """Record a resolved request as a new job and bid for it; matching and negotiation
-        continue in the background.
+        continue in the background. ``credentials`` (the secrets the request's job names)
+        stay in memory, never in the database.
 
         Raises:
             RequestError: the request cannot become a bid.
@@ -144,6 +148,8 @@ class Buyer:
             created_ms=now,
             updated_ms=now,
         )
+        if credentials is not None:
+            self.vault.keep(job.id, credentials)
         with self.db.atomic():  # a job is never stored without its bid
             self.db.add_job(job)
             self._event(job.id, "waiting", "bid posted")
@@ -208,6 +214,10 @@ class Buyer:
         bid_id = match.bid.id
         job_id = self._bid_jobs.get(bid_id)
         try:
+            if job_id is not None and lost_secrets(match.bid.payload.job, self.vault.get(job_id)):
+                self._event(job_id, "error", "its secrets were held in memory only and the node "
+                            "restarted; submit the job again")  # fmt: skip
+                return
             while match is not None and job_id is not None:
                 if await self._try(job_id, match) is not None:
                     return
@@ -254,6 +264,7 @@ class Buyer:
                     try:
                         await stream.send_frame(agreement.to_wire())
                         read_control(await stream.receive_frame())
+                        await self._send_secrets(stream, job_id, agreement, match)
                     except (NetworkError, PeerRefused) as exc:
                         log.warning("agreement %s unacknowledged (%s)", agreement.id.hex(), exc)
                     return agreement
@@ -269,6 +280,16 @@ class Buyer:
             else:
                 self.buying.negotiation_timed_out(proposal.id)
         return None
+
+    async def _send_secrets(
+        self, stream: FramedStream, job_id: str, agreement: Agreement, match: Match
+    ) -> None:
+        credentials, seal_key = self.vault.get(job_id), match.offer.payload.seal_key
+        if agreement.terms.job.secrets and credentials is not None and seal_key is not None:
+            await send_secrets(
+                stream, self.key, agreement, seal_key, credentials,
+                nonce=self.market.nonce(), now_ms=self.market.now_ms(),
+            )  # fmt: skip
 
     async def _check_evidence(self, provider: PublicKey, terms: Any, evidence: Any) -> None:  # noqa: ANN401
         """Verify the accept's evidence against the bid's trust requirement.
@@ -439,7 +460,10 @@ class Buyer:
             return bytes(stored[1])  # settled already; the provider missed our answer
         with trio.fail_after(self.timings.buyer_fetch_timeout_s):
             for ref in (*receipt.outputs, *receipt.logs):
-                await transfer.fetch_blob(self.market.net, self.market.store, ref.digest, [peer])
+                if ref.url is None:  # the others went to the job's object-store prefix
+                    await transfer.fetch_blob(
+                        self.market.net, self.market.store, ref.digest, [peer]
+                    )
             if receipt.checkpoint is not None:
                 await transfer.fetch_blob(
                     self.market.net, self.market.store, receipt.checkpoint, [peer]
@@ -484,6 +508,8 @@ class Buyer:
             checkpoint=receipt.checkpoint,
         )
         self._event(job_id, "settled", f"receipt countersigned: paid {receipt.cost}")
+        if receipt.exit_reason not in _RETRY:
+            self.vault.forget(job_id)
         state = END_STATE[receipt.exit_reason].value
         self._event(job_id, state, f"exit {int(receipt.exit_code)} ({receipt.exit_reason.value})")
 
@@ -532,4 +558,7 @@ class Buyer:
 
 
 def _refs(items: tuple[DataRef, ...]) -> list[dict[str, Any]]:
-    return [{"path": r.path, "digest": r.digest, "size": r.size} for r in items]
+    return [
+        {"path": r.path, "digest": r.digest, "size": r.size, **({"url": r.url} if r.url else {})}
+        for r in items
+    ]

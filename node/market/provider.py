@@ -22,17 +22,26 @@ import dataclasses
 import logging
 from collections.abc import Iterable
 from dataclasses import dataclass, field
+from datetime import UTC, datetime
 from typing import Any, Protocol
 
 import trio
 
 from node.exec.executor import CapacityExceeded, JobResult
 from node.market.gossip import Market
+from node.market.secrets import SealKey, receive_secrets
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream
 from node.net.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
-from node.storage import transfer
 from node.storage.db import Database
-from node.storage.home import ProviderConfig
+from node.storage.home import ProviderConfig, S3Config
+from node.storage.jobdata import (
+    ContentError,
+    Credentials,
+    Sources,
+    fetch_job_content,
+    job_blobs,
+    upload_outputs,
+)
 from node.tpm.attestor import TpmAttestor
 from protocol.envelope import MessageId, Signed, open_signed
 from protocol.errors import ProtocolError, Reason
@@ -97,6 +106,8 @@ class Provider:
         executor: Runner,
         config: ProviderConfig,
         attestor: TpmAttestor | None,
+        *,
+        s3: S3Config | None = None,
     ) -> None:
         self.market = market
         self.key = key
@@ -105,6 +116,8 @@ class Provider:
         self.attestor = attestor
         self.selling = Selling(market.trader)
         self.timings = market.timings
+        self.s3 = s3  # where the jobs' s3:// inputs and outputs go
+        self.seal = SealKey()  # buyers seal their jobs' secrets to it
         self._running: dict[bytes, _Running] = {}
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
@@ -136,7 +149,12 @@ class Provider:
         c = self.config
         trust = c.trust if self.attestor is not None else (TrustLevel.NONE,)
         return Offer(
-            capacity=c.capacity, prices=c.prices, arch=c.arch, region=c.region, trust=trust
+            capacity=c.capacity,
+            prices=c.prices,
+            arch=c.arch,
+            region=c.region,
+            trust=trust,
+            seal_key=self.seal.public,
         )
 
     async def _post_offer(self) -> None:
@@ -215,12 +233,19 @@ class Provider:
             created_ms=self.market.now_ms(),
         )
         self.market.record_trade(self._offer(), self.market.now_ms())
-        assert self._nursery is not None
-        self._nursery.start_soon(self._run_job, agreement)
         try:
             await stream.send_frame(control(ok=True))
         except NetworkError as exc:
             log.info("agreement ack lost (%s); the buyer holds the agreement already", exc)
+        credentials: Credentials | None = Credentials()
+        if agreement.terms.job.secrets:
+            try:
+                credentials = await receive_secrets(stream, agreement, self.seal)
+            except (ProtocolError, NetworkError, trio.TooSlowError) as exc:
+                log.info("no secrets for %s: %s", agreement.id.hex()[:16], exc)
+                credentials = None
+        assert self._nursery is not None
+        self._nursery.start_soon(self._run_job, agreement, credentials)
 
     async def _answer(self, proposal_id: MessageId, terms: Terms) -> Signed[Any]:
         """Refuse, or make room and accept with evidence when the terms need it."""
@@ -255,11 +280,11 @@ class Provider:
 
     # -- running a job -----------------------------------------------------------------
 
-    async def _run_job(self, agreement: Agreement) -> None:
+    async def _run_job(self, agreement: Agreement, credentials: Credentials | None) -> None:
         running = _Running(agreement, agreement.id.hex()[:16])
         self._running[agreement.id] = running
         try:
-            await self._run(agreement, running)
+            await self._run(agreement, running, credentials)
         except Exception as exc:
             # Top of a per-job task: the node keeps serving, and the buyer hears of it.
             log.exception("job %s failed inside the provider", running.job_id)
@@ -269,34 +294,51 @@ class Provider:
             running.done.set()
             del self._running[agreement.id]
 
-    async def _run(self, agreement: Agreement, running: _Running) -> None:
+    async def _run(
+        self, agreement: Agreement, running: _Running, credentials: Credentials | None
+    ) -> None:
         terms = agreement.terms
+        if credentials is None:
+            self._fault(agreement, "the job's sealed secrets did not arrive")
+            return
         self._tell(agreement, JobState.TRANSFERRING, "fetching the image and inputs")
+        fetching = self.market.now_ms()
+        sources = Sources(net=self.market.net, buyer=PublicKey(terms.buyer).peer_id, s3=self.s3)
+        resume = terms.checkpoint.resume_from if terms.checkpoint is not None else None
         try:
             with trio.fail_after(self.timings.provider_fetch_timeout_s):
-                await self._fetch(terms, PublicKey(terms.buyer).peer_id)
-        except (transfer.TransferError, NetworkError, trio.TooSlowError) as exc:
-            self._fault(agreement, f"could not fetch the job's content: {exc}")
+                job = await fetch_job_content(
+                    self.market.store, terms.job, sources, resume_from=resume,
+                    credentials=credentials, now=self._now(),
+                )  # fmt: skip
+        except (ContentError, trio.TooSlowError) as exc:
+            why = f"could not fetch the job's content: {exc or 'timed out'}"
+            if isinstance(exc, ContentError) and exc.buyer_fault:
+                self._bad_input(agreement, why, self.market.now_ms() - fetching)
+            else:
+                self._fault(agreement, why)
             return
         self.db.mark_started(agreement.id, self.market.now_ms())
         self._tell(agreement, JobState.RUNNING, "container started")
         try:
-            result = await self.executor.run_job(
-                terms.job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
-            )
+            with self.market.store.holding(job_blobs(self.market.store, job, resume)):
+                result = await self.executor.run_job(
+                    job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
+                )
         except CapacityExceeded as exc:
             self._fault(agreement, str(exc))
             return
+        if terms.job.output_to is not None and result.outputs:
+            outputs = await upload_outputs(
+                self.market.store, result.outputs, output_path=job.output_path,
+                output_to=terms.job.output_to, s3=self.s3, keys=credentials.s3,
+                now=self._now(),
+            )  # fmt: skip
+            result = dataclasses.replace(result, outputs=outputs)
         self._receipt(agreement, result)
 
-    async def _fetch(self, terms: Terms, buyer: PeerId) -> None:
-        net, store = self.market.net, self.market.store
-        await transfer.fetch_image(net, store, terms.job.image, [buyer])
-        digests = [i.digest for i in terms.job.inputs]
-        if terms.checkpoint is not None and terms.checkpoint.resume_from is not None:
-            digests.append(terms.checkpoint.resume_from)
-        for digest in digests:
-            await transfer.fetch_blob(net, store, digest, [buyer])
+    def _now(self) -> datetime:
+        return datetime.fromtimestamp(self.market.now_ms() / 1000, UTC)
 
     def _tell(self, agreement: Agreement, state: JobState, detail: str = "") -> None:
         status = self.selling.status(
@@ -341,6 +383,18 @@ class Provider:
             agreement,
             usage=Usage(wall_ms=0, cpu_us=0),
             exit_reason=ExitReason.PROVIDER_FAULT,
+            exit_code=-1,
+        )
+
+    def _bad_input(self, agreement: Agreement, why: str, wall_ms: int) -> None:
+        """The job named content that could not be had: the buyer's fault; it pays for the
+        time the reservation was held (spec/settlement.md)."""
+        log.warning("job %s: bad input: %s", agreement.id.hex()[:16], why)
+        self._tell(agreement, JobState.FAILED, why)
+        self._issue(
+            agreement,
+            usage=Usage(wall_ms=wall_ms, cpu_us=0),
+            exit_reason=ExitReason.BAD_INPUT,
             exit_code=-1,
         )
 

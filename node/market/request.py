@@ -16,13 +16,18 @@ from __future__ import annotations
 import json
 import re
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
 import pydantic
 import pydantic_core
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
 
+from node.storage.fetching import FetchError
 from node.storage.image import ImageError, import_image
+from node.storage.jobdata import Credentials
+from node.storage.objects import S3Keys as storage_keys
+from node.storage.objects import parse_url
+from node.storage.registry import Login, looks_like_registry_ref, parse_ref
 from node.storage.store import BlobStore
 from protocol.envelope import check_sealable
 from protocol.errors import DecodeError
@@ -45,6 +50,7 @@ __all__ = [
     "JobRequest",
     "MaxPrices",
     "RequestError",
+    "Secrets",
     "bid_from_request",
     "build_request",
     "parse_request",
@@ -72,14 +78,42 @@ def _utf8(text: str) -> str:
     return text
 
 
+def _registry_image(text: str) -> str:
+    if text.startswith(("sha256:", "/")):
+        return text
+    try:
+        parse_ref(text)
+    except FetchError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def _url(text: str) -> str:
+    try:
+        parse_url(text)
+    except FetchError as exc:
+        raise ValueError(str(exc)) from None
+    return text
+
+
+def _prefix(text: str) -> str:
+    if not _url(text).startswith("s3://") or not parse_url(text).is_prefix:
+        raise ValueError(f"must be an s3://bucket/prefix/ ending in /, not {text!r}")
+    return text
+
+
 Text = Annotated[str, Field(min_length=1), AfterValidator(_utf8)]
 # The JSON Schema states these rules too, so the OpenAPI document says what is accepted.
 AbsPath = Annotated[str, Field(pattern=r"^/[^\x00]*$"), AfterValidator(_utf8)]
 ImageRef = Annotated[
     str,
-    Field(pattern=r"^(sha256:[0-9a-f]{64}|/[^\x00]*)$"),  # a digest in the store, or an OCI path
+    # a digest in the store, an OCI path, or a registry image HOST[:PORT]/REPO@sha256:<hex>
+    # (checked in full by _registry_image, which says how to pin a tagged one)
+    Field(pattern=r"^(sha256:[0-9a-f]{64}|/[^\x00]*|[A-Za-z0-9.\[\]:-]+/[^\s\x00]+)$"),
     AfterValidator(_utf8),
+    AfterValidator(_registry_image),
 ]
+Url = Annotated[str, Field(pattern=r"^(https?|s3)://[^\s\x00]+$"), AfterValidator(_url)]
 Digest = Annotated[str, Field(pattern=_DIGEST.pattern)]
 Count = Annotated[int, Field(ge=0, le=_INT_MAX)]
 Positive = Annotated[int, Field(ge=1, le=_INT_MAX)]
@@ -100,8 +134,10 @@ class MaxPrices(_Frozen):
 
 class Input(_Frozen):
     """Content readable at ``path`` in the job: a local ``file`` on the node's machine
-    (stored when the request is resolved), or a blob in the node's store (``digest`` and
-    ``size``)."""
+    (stored when the request is resolved), a blob in the node's store (``digest`` and
+    ``size``), or a ``url`` the provider fetches (``https://``, ``http://``,
+    ``s3://bucket/key``; ``s3://bucket/prefix/`` for every object under it, placed under
+    ``path``), pinned by ``digest`` and ``size`` when the node resolves it."""
 
     model_config = ConfigDict(
         frozen=True,
@@ -110,23 +146,85 @@ class Input(_Frozen):
         json_schema_extra={
             "oneOf": [
                 {"required": ["path", "file"], "not": {"required": ["digest"]}},
-                {"required": ["path", "digest", "size"], "not": {"required": ["file"]}},
+                {
+                    "required": ["path", "digest", "size"],
+                    "not": {"anyOf": [{"required": ["file"]}, {"required": ["url"]}]},
+                },
+                {"required": ["path", "url"], "not": {"required": ["file"]}},
             ]
         },
     )
 
     path: AbsPath
     file: AbsPath | None = None
+    url: Url | None = None
     digest: Digest | None = None
     size: Count | None = None
 
     @model_validator(mode="after")
     def _one_source(self) -> Input:
-        if (self.file is None) == (self.digest is None) or (self.digest is None) != (
-            self.size is None
-        ):
-            raise ValueError("give either file, or digest and size")
+        if (self.digest is None) != (self.size is None):
+            raise ValueError("give digest and size together")
+        if self.url is not None:
+            if self.file is not None:
+                raise ValueError("give either file or url")
+            return self
+        if (self.file is None) == (self.digest is None):
+            raise ValueError("give either file, url, or digest and size")
         return self
+
+
+class RegistryLogin(_Frozen):
+    username: Text
+    password: pydantic.SecretStr
+
+
+class S3Keys(_Frozen):
+    access_key: Text
+    secret_key: pydantic.SecretStr
+    session_token: pydantic.SecretStr | None = None
+
+
+class Secrets(_Frozen):
+    """What the job's data needs: a registry login, S3 keys (for its prefixes only,
+    ideally). Sealed to the provider after the agreement; never stored, shown or logged."""
+
+    registry: RegistryLogin | None = None
+    s3: S3Keys | None = None
+
+    def revealed(self) -> dict[str, dict[str, str]]:
+        """The plain JSON value, for the one request that carries it to the node."""
+        out: dict[str, dict[str, str]] = {}
+        if (login := self.registry) is not None:
+            out["registry"] = {
+                "username": login.username,
+                "password": login.password.get_secret_value(),
+            }
+        if (keys := self.s3) is not None:
+            out["s3"] = {
+                "access_key": keys.access_key,
+                "secret_key": keys.secret_key.get_secret_value(),
+            }
+            if keys.session_token is not None:
+                out["s3"]["session_token"] = keys.session_token.get_secret_value()
+        return out
+
+    def credentials(self) -> Credentials:
+        login, keys = self.registry, self.s3
+        return Credentials(
+            registry=None
+            if login is None
+            else Login(username=login.username, password=login.password.get_secret_value()),
+            s3=None
+            if keys is None
+            else storage_keys(
+                access_key=keys.access_key,
+                secret_key=keys.secret_key.get_secret_value(),
+                session_token=(
+                    None if keys.session_token is None else keys.session_token.get_secret_value()
+                ),
+            ),
+        )
 
 
 class JobRequest(_Frozen):
@@ -150,9 +248,22 @@ class JobRequest(_Frozen):
     preemptible: bool = False
     checkpoint_path: AbsPath | None = None
     name: Text | None = None
+    output_to: Annotated[Text, AfterValidator(_prefix)] | None = None  # s3://bucket/prefix/
+    # The secrets the job has (set by the node from ``credentials``; the bid names them).
+    secrets: tuple[Literal["registry", "s3"], ...] | None = None
+    # Never serialised: not stored with the job, not in any view (see node.market.remote).
+    credentials: Secrets | None = Field(default=None, exclude=True)
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
+
+    def wire_json(self) -> str:
+        """What a client sends: :meth:`to_json` with the credentials, for the node only."""
+        if self.credentials is None:
+            return self.to_json()
+        body = json.loads(self.to_json())
+        body["credentials"] = self.credentials.revealed()
+        return json.dumps(body)
 
 
 def parse_request(data: bytes | str) -> JobRequest:
@@ -225,7 +336,9 @@ def resolve(request: JobRequest, store: BlobStore) -> JobRequest:
         RequestError: an image or input that cannot be found or read.
     """
     image = request.image
-    if not image.startswith("sha256:"):
+    if looks_like_registry_ref(image):
+        pass  # the provider pulls it
+    elif not image.startswith("sha256:"):
         try:
             image = import_image(store, Path(image)).manifest
         except ImageError as exc:
@@ -239,6 +352,10 @@ def resolve(request: JobRequest, store: BlobStore) -> JobRequest:
 
 
 def _stored(item: Input, store: BlobStore) -> Input:
+    if item.url is not None:
+        if item.digest is None:
+            raise RequestError(f"input {item.url} is not pinned by its digest yet")
+        return item
     if item.file is None:
         if item.digest is None or not store.has(item.digest):
             raise RequestError(f"input {item.path}: blob {item.digest} is not in this node's store")
@@ -260,16 +377,23 @@ def bid_from_request(request: JobRequest) -> Bid:
     for item in request.inputs:
         if item.digest is None or item.size is None:
             raise RequestError(f"input {item.path} is not resolved to a blob yet")
-        inputs.append(DataRef(digest=item.digest, path=item.path, size=item.size))
+        inputs.append(DataRef(digest=item.digest, path=item.path, size=item.size, url=item.url))
     prices = request.max_prices
+    image, registry = request.image, None
+    if looks_like_registry_ref(image):
+        ref = parse_ref(image)
+        image, registry = ref.digest, f"{ref.host}/{ref.repository}"
     try:
         bid = Bid(
             job=JobSpec(
-                image=request.image,
+                image=image,
                 command=request.command,
                 env=dict(request.env),
                 inputs=tuple(inputs),
                 wall_ms=request.wall_ms,
+                registry=registry,
+                output_to=request.output_to,
+                secrets=request.secrets or None,
             ),
             resources=Resources(
                 cpu_milli=request.cpu_milli,

@@ -10,6 +10,8 @@ Layout (``cx init`` creates it; everything a node owns is under one directory)::
     store/          content-addressed blobs (images, inputs, outputs, logs)
     work/           per-job scratch areas of the executor
     tpm/            this node's swtpm, when it attests with a software TPM
+    ([s3] endpoint and region in config.toml: where s3:// inputs and outputs go;
+    [store] budget_bytes: the content store's cache budget, least recently used evicted)
     api.json        where the running node's control API listens (written by the node)
 
 Errors: :class:`HomeError` says what is wrong with the directory and how to fix it.
@@ -27,7 +29,15 @@ from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
 from protocol.messages import Arch, Prices, Resources, TrustLevel
 
-__all__ = ["Home", "HomeError", "NodeConfig", "ProviderConfig", "default_home", "init_home"]
+__all__ = [
+    "Home",
+    "HomeError",
+    "NodeConfig",
+    "ProviderConfig",
+    "S3Config",
+    "default_home",
+    "init_home",
+]
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
 LEGACY_KEY_SIZE = 32  # cx 0.1 stored the bare seed
@@ -64,6 +74,18 @@ class ProviderConfig:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class S3Config:
+    """Where ``s3://`` URLs go: an S3-compatible endpoint, addressed path-style."""
+
+    endpoint: str  # e.g. https://s3.eu-west-1.amazonaws.com or http://127.0.0.1:9000
+    region: str = "us-east-1"
+
+    def __post_init__(self) -> None:
+        if not self.endpoint.startswith(("http://", "https://")):
+            raise ValueError(f"[s3] endpoint {self.endpoint!r} must be an http(s):// URL")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class NodeConfig:
     listen: tuple[str, ...] = DEFAULT_LISTEN
     bootstrap: tuple[str, ...] = ()
@@ -72,6 +94,8 @@ class NodeConfig:
     api_port: int = 0  # 0: any free port, published in api.json
     ek_roots: tuple[str, ...] = ()  # PEM files of the TPM EK CAs this node trusts as buyer
     provider: ProviderConfig | None = None
+    s3: S3Config | None = None
+    store_budget_bytes: int | None = None  # the content store's cache budget
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,6 +219,8 @@ def _parse(doc: dict[str, Any]) -> NodeConfig:
     net = doc.get("network", {})
     buyer = doc.get("buyer", {})
     provider = doc.get("provider")
+    s3 = doc.get("s3")
+    budget = doc.get("store", {}).get("budget_bytes")
     return NodeConfig(
         listen=tuple(net.get("listen", DEFAULT_LISTEN)),
         bootstrap=tuple(net.get("bootstrap", ())),
@@ -203,6 +229,10 @@ def _parse(doc: dict[str, Any]) -> NodeConfig:
         api_port=int(net.get("api_port", 0)),
         ek_roots=tuple(buyer.get("ek_roots", ())),
         provider=None if provider is None else _parse_provider(provider),
+        s3=None
+        if s3 is None
+        else S3Config(endpoint=s3["endpoint"], region=s3.get("region", "us-east-1")),
+        store_budget_bytes=None if budget is None else int(budget),
     )
 
 
@@ -277,4 +307,8 @@ def _render(c: NodeConfig) -> str:
                 },
             )
         )
+    if c.store_budget_bytes is not None:
+        parts.append(_table("store", {"budget_bytes": c.store_budget_bytes}))
+    if c.s3 is not None:
+        parts.append(_table("s3", {"endpoint": c.s3.endpoint, "region": c.s3.region}))
     return "\n".join(parts)

@@ -48,6 +48,8 @@ __all__ = [
     "image_config",
     "import_image",
     "list_images",
+    "platform_matches",
+    "record_image",
     "write_layout",
 ]
 
@@ -310,10 +312,12 @@ def import_image(
     raise ImageError(f"{p} has neither index.json (OCI) nor manifest.json (docker save)")
 
 
-def _platform_ok(desc: dict[str, Any], arch: str) -> bool:
+def platform_matches(desc: dict[str, Any], arch: str) -> bool:
+    """Does an index entry suit ``linux/<arch>``? One without a platform might: its config
+    decides (spec/content.md rule 10)."""
     plat = desc.get("platform")
     if not isinstance(plat, dict):
-        return True  # decided from the config instead
+        return True
     return plat.get("os") == "linux" and plat.get("architecture") == arch
 
 
@@ -322,7 +326,7 @@ def _candidates(src: _Source, index: Any, ref: str | None, arch: str, depth: int
         raise ImageError("image index is malformed or nested too deeply")
     found = []
     for desc in index.get("manifests") or []:
-        if not isinstance(desc, dict) or not _platform_ok(desc, arch):
+        if not isinstance(desc, dict) or not platform_matches(desc, arch):
             continue
         tag = (desc.get("annotations") or {}).get(_REF_NAME)
         if depth == 0 and ref is not None and tag != ref:
@@ -366,9 +370,7 @@ def _store_image(
     names: tuple[str, ...],
 ) -> ImportedImage:
     try:
-        descs = [manifest["config"], *manifest["layers"]]
-        size = len(m_bytes)
-        for desc in descs:
+        for desc in [manifest["config"], *manifest["layers"]]:
             with src.open(_blob_name(desc["digest"])) as f:
                 digest = store.put_reader(f, expect=desc["digest"])
             got = store.size(digest)
@@ -376,23 +378,39 @@ def _store_image(
                 raise ImageError(
                     f"blob {digest} is {got} bytes, its descriptor says {desc['size']}"
                 )
-            size += got
-        m_digest = store.put_bytes(m_bytes)
     except StoreError as exc:
         raise ImageError(f"image blob does not match its digest: {exc}") from exc
     except (KeyError, TypeError) as exc:
         raise ImageError(f"image manifest is malformed: missing {exc}") from exc
-    layers = tuple(d["digest"] for d in manifest["layers"])
-    store.pin(f"image/{m_digest[7:]}", [m_digest, manifest["config"]["digest"], *layers])
+    return record_image(store, m_bytes, manifest, arch, names)
+
+
+def record_image(
+    store: BlobStore,
+    m_bytes: bytes,
+    manifest: dict[str, Any],
+    arch: str,
+    names: tuple[str, ...],
+    *,
+    keep: tuple[str, ...] = (),
+) -> ImportedImage:
+    """Store the manifest and pin it with its config, layers (already in the store, checked
+    against their descriptors) and ``keep`` (e.g. the index it was resolved from), so
+    image_config, RootfsCache and ``cx image ls`` see the image."""
+    try:
+        layers = tuple(d["digest"] for d in manifest["layers"])
+        config = manifest["config"]["digest"]
+        size = len(m_bytes) + sum(store.size(d) for d in (config, *layers))
+    except (KeyError, TypeError) as exc:
+        raise ImageError(f"image manifest is malformed: missing {exc}") from exc
+    except StoreError as exc:
+        raise ImageError(f"image blob missing from the store: {exc}") from exc
+    m_digest = store.put_bytes(m_bytes)
+    store.pin(f"image/{m_digest[7:]}", [m_digest, config, *layers, *keep])
     meta = store.root / "images"
     meta.mkdir(exist_ok=True)
     info = ImportedImage(
-        manifest=m_digest,
-        config=manifest["config"]["digest"],
-        layers=layers,
-        size=size,
-        arch=arch,
-        names=names,
+        manifest=m_digest, config=config, layers=layers, size=size, arch=arch, names=names
     )
     (meta / f"{m_digest[7:]}.json").write_bytes(_json_bytes(dataclasses.asdict(info)))
     log.info("imported image %s (%d layers, %d bytes)", m_digest, len(layers), size)

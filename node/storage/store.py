@@ -10,6 +10,13 @@ Rules:
   read-only bind mounts); callers that need the guarantee call ``verify()`` first.
 - Garbage collection is by reference: ``refs/<name>`` files list digests (one per line) that
   must be kept; everything else older than a grace period goes.
+- A cache with a byte budget (``budget_bytes``): when the blobs exceed it, the least
+  recently used blobs that nothing needs are deleted until they fit again. Needed are the
+  blobs some ref names, except ``image/*`` refs (an image is a cache entry, pulled or
+  fetched again when wanted; pinning an image keeps it from ``gc``, not from eviction) and
+  whatever the caller names as live (a running job's image and inputs). An image losing a
+  blob loses its ref. Use is recorded as the file's access time when a blob is read, mounted
+  or found by a fetch; :meth:`lookup` counts a fetch's hits and misses in ``stats.json``.
 - Large blobs move between nodes in 4 MiB chunks (protocol.content). A transfer in progress
   lives in ``partial/<hex>`` with a ``.have`` file of received chunk indices, so it resumes
   after a restart; it becomes a blob only when the whole digest checks out.
@@ -25,11 +32,14 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import json
 import logging
 import os
 import re
 import time
+from collections import Counter
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
@@ -37,7 +47,7 @@ from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
 from protocol.errors import InvalidMessage
 from protocol.messages import check_digest
 
-__all__ = ["BlobNotFound", "BlobStore", "CorruptBlob", "StoreError"]
+__all__ = ["BlobNotFound", "BlobStore", "BlobWriter", "CorruptBlob", "StoreError", "StoreStats"]
 
 log = logging.getLogger(__name__)
 
@@ -59,6 +69,7 @@ class CorruptBlob(StoreError):
     def __init__(self, digest: str, actual: str) -> None:
         super().__init__(f"blob {digest} holds content {actual}; removed, fetch it again")
         self.digest = digest
+        self.actual = actual
 
 
 def _hex(digest: str) -> str:
@@ -66,11 +77,29 @@ def _hex(digest: str) -> str:
     return digest[len("sha256:") :]
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class StoreStats:
+    """What ``cx store`` shows."""
+
+    blobs: int
+    bytes: int
+    budget_bytes: int | None
+    pinned_bytes: int  # named by a ref other than an image's: never evicted
+    images: int
+    hits: int
+    misses: int
+    evicted_blobs: int
+    evicted_bytes: int
+
+
 class BlobStore:
     """A directory of sha256-named blobs. Safe for concurrent writers on one filesystem."""
 
-    def __init__(self, root: Path | str) -> None:
+    def __init__(self, root: Path | str, *, budget_bytes: int | None = None) -> None:
         self.root = Path(root)
+        self.budget_bytes = budget_bytes
+        self._live: Counter[str] = Counter()  # blobs running jobs use; never evicted
+        self._usage: int | None = None  # bytes, counted at the first write
         self._blobs = self.root / "blobs" / "sha256"
         self._tmp = self.root / "tmp"
         self._refs = self.root / "refs"
@@ -101,28 +130,32 @@ class BlobStore:
         Raises:
             CorruptBlob: ``expect`` was given and the content hashes to something else.
         """
-        h = hashlib.sha256()
+        with self.writer(expect) as w:
+            for part in parts:
+                w.write(part)
+            return w.commit()
+
+    @contextlib.contextmanager
+    def writer(self, expect: str | None = None) -> Iterator[BlobWriter]:
+        """A blob written piece by piece (e.g. as it arrives over HTTP); ``commit()`` it
+        inside the block. Leaving the block without a commit discards what was written."""
         fd, tmp = _mkstemp(self._tmp)
         try:
             with os.fdopen(fd, "wb") as f:
-                for part in parts:
-                    h.update(part)
-                    f.write(part)
-                f.flush()
-                os.fsync(f.fileno())
-            digest = "sha256:" + h.hexdigest()
-            if expect is not None and expect != digest:
-                raise CorruptBlob(expect, digest)
-            self._commit(tmp, digest)
+                yield BlobWriter(self, f, tmp, expect)
         finally:
             with contextlib.suppress(FileNotFoundError):
                 os.unlink(tmp)
-        return digest
 
     def _commit(self, tmp: str, digest: str) -> None:
         os.chmod(tmp, 0o444)
+        size = os.stat(tmp).st_size
         # rename is atomic; if another writer got there first the content is identical.
         os.rename(tmp, self._blobs / _hex(digest))
+        if self.budget_bytes is not None:
+            self._usage = (self._usage if self._usage is not None else self._scan()) + size
+            if self._usage > self.budget_bytes:
+                self.evict(keep={digest})
 
     # -- reading ---------------------------------------------------------------------------
 
@@ -130,14 +163,29 @@ class BlobStore:
         return (self._blobs / _hex(digest)).is_file()
 
     def path(self, digest: str) -> Path:
-        """The blob's file (read-only). Raises BlobNotFound."""
+        """The blob's file (read-only), marked as used. Raises BlobNotFound."""
         p = self._blobs / _hex(digest)
-        if not p.is_file():
-            raise BlobNotFound(digest)
+        try:
+            os.utime(p, ns=(time.time_ns(), p.stat().st_mtime_ns))  # the LRU clock
+        except FileNotFoundError:
+            raise BlobNotFound(digest) from None
+        except PermissionError:
+            pass  # another user's store, read only: the use goes unrecorded
         return p
 
+    def lookup(self, digest: str) -> bool:
+        """Is the blob here, for a fetch about to get it? Counts a cache hit or miss."""
+        found = self.has(digest)
+        if found:
+            self.path(digest)  # a hit is a use
+        self._count("hits" if found else "misses")
+        return found
+
     def size(self, digest: str) -> int:
-        return self.path(digest).stat().st_size
+        try:
+            return (self._blobs / _hex(digest)).stat().st_size
+        except FileNotFoundError:
+            raise BlobNotFound(digest) from None
 
     def read_bytes(self, digest: str) -> bytes:
         """The whole blob, verified. Raises BlobNotFound, CorruptBlob."""
@@ -178,6 +226,114 @@ class BlobStore:
         with contextlib.suppress(FileNotFoundError):
             (self._blobs / _hex(digest)).unlink()
         self._verified.pop(digest, None)
+
+    # -- the cache budget --------------------------------------------------------------------
+
+    def _scan(self) -> int:
+        total = 0
+        for p in self._blobs.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                total += p.stat().st_size
+        return total
+
+    def needed(self) -> set[str]:
+        """Blobs eviction must keep: named by a ref other than an image's, or live."""
+        refs = self.refs()
+        pinned = {d for name, ds in refs.items() if not name.startswith("image/") for d in ds}
+        return pinned | {d for d, n in self._live.items() if n > 0}
+
+    @contextlib.contextmanager
+    def holding(self, digests: Iterable[str]) -> Iterator[None]:
+        """Keep ``digests`` from eviction inside the block (a running job's image and
+        inputs); holds nest and overlap."""
+        held = list(set(digests))
+        self._live.update(held)
+        try:
+            yield
+        finally:
+            self._live.subtract(held)
+            self._live += Counter()  # drop the zeros
+
+    def evict(self, *, keep: Iterable[str] = ()) -> list[str]:
+        """Delete least recently used blobs nothing needs until the store fits its budget;
+        return them. Images that lose a blob lose their ref."""
+        if self.budget_bytes is None:
+            return []
+        spare = self.needed() | set(keep)
+        blobs = []
+        total = 0
+        for p in self._blobs.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                st = p.stat()
+                total += st.st_size
+                if "sha256:" + p.name not in spare:
+                    blobs.append((st.st_atime, p.name, st.st_size))
+        removed, freed = [], 0
+        for _, name, size in sorted(blobs):
+            if total - freed <= self.budget_bytes:
+                break
+            self.delete("sha256:" + name)
+            (self._manifests / name).unlink(missing_ok=True)
+            removed.append("sha256:" + name)
+            freed += size
+        self._usage = total - freed
+        if removed:
+            self._drop_broken_images(set(removed))
+            self._count("evicted_blobs", len(removed))
+            self._count("evicted_bytes", freed)
+            log.info(
+                "evicted %d blobs (%d bytes) to fit %d bytes",
+                len(removed),
+                freed,
+                self.budget_bytes,
+            )
+        return removed
+
+    def _drop_broken_images(self, removed: set[str]) -> None:
+        for name, digests in self.refs().items():
+            if name.startswith("image/") and removed & set(digests):
+                self.unpin(name)
+                (self.root / "images" / f"{name.removeprefix('image/')}.json").unlink(
+                    missing_ok=True
+                )
+
+    def _count(self, name: str, n: int = 1) -> None:
+        counts = self._counts()
+        counts[name] = counts.get(name, 0) + n
+        fd, tmp = _mkstemp(self._tmp)
+        with os.fdopen(fd, "w") as f:
+            json.dump(counts, f)
+        os.rename(tmp, self.root / "stats.json")
+
+    def _counts(self) -> dict[str, int]:
+        try:
+            counts = json.loads((self.root / "stats.json").read_text())
+        except (FileNotFoundError, ValueError):
+            return {}
+        return (
+            {k: v for k, v in counts.items() if isinstance(v, int)}
+            if isinstance(counts, dict)
+            else {}
+        )
+
+    def stats(self) -> StoreStats:
+        sizes = {}
+        for p in self._blobs.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                sizes["sha256:" + p.name] = p.stat().st_size
+        needed = self.needed()
+        counts = self._counts()
+        return StoreStats(
+            blobs=len(sizes),
+            bytes=sum(sizes.values()),
+            budget_bytes=self.budget_bytes,
+            pinned_bytes=sum(n for d, n in sizes.items() if d in needed),
+            images=sum(1 for name in self.refs() if name.startswith("image/")),
+            hits=counts.get("hits", 0),
+            misses=counts.get("misses", 0),
+            evicted_blobs=counts.get("evicted_blobs", 0),
+            evicted_bytes=counts.get("evicted_bytes", 0),
+        )
 
     # -- references and garbage collection -------------------------------------------------
 
@@ -333,6 +489,37 @@ class BlobStore:
         n = len(manifest.chunks)
         # A torn last line (crash mid-append) is ignored and that chunk fetched again.
         return {int(t) for t in text.split("\n")[:-1] if t.isdigit() and int(t) < n}
+
+
+class BlobWriter:
+    """The open temporary file of :meth:`BlobStore.writer`, hashed as it is written."""
+
+    def __init__(self, store: BlobStore, file: IO[bytes], tmp: str, expect: str | None) -> None:
+        self._store = store
+        self._file = file
+        self._tmp = tmp
+        self._expect = expect
+        self._hash = hashlib.sha256()
+        self.size = 0
+
+    def write(self, data: bytes) -> None:
+        self._hash.update(data)
+        self._file.write(data)
+        self.size += len(data)
+
+    def commit(self) -> str:
+        """Make the blob durable and visible under its digest; return the digest.
+
+        Raises:
+            CorruptBlob: the writer expected another digest (nothing is kept).
+        """
+        self._file.flush()
+        os.fsync(self._file.fileno())
+        digest = "sha256:" + self._hash.hexdigest()
+        if self._expect is not None and self._expect != digest:
+            raise CorruptBlob(self._expect, digest)
+        self._store._commit(self._tmp, digest)
+        return digest
 
 
 def _mkstemp(directory: Path) -> tuple[int, str]:

@@ -7,11 +7,15 @@ to. ``tests/test_vectors.py`` checks the code against the files.
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import json
 import sys
 from dataclasses import replace
 from pathlib import Path
+
+import nacl.bindings
+import nacl.public
 
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
@@ -29,6 +33,7 @@ from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PrivateKey
 from protocol.limits import OutOfBounds, check_limits
 from protocol.messages import (
+    SEAL_KEY_SIZE,
     ActivationAnswer,
     ActivationChallenge,
     Arch,
@@ -38,16 +43,21 @@ from protocol.messages import (
     DataRef,
     Enrolment,
     ExitReason,
+    JobSecrets,
     JobSpec,
     Offer,
     Prices,
+    RegistryLogin,
     Resources,
+    S3Secret,
+    SecretsPlain,
     TrustLevel,
     TrustRequirement,
     Usage,
     UsageReceipt,
 )
 from protocol.schema import SignedInt, to_value
+from protocol.secrets import encode_secrets, open_secrets
 from protocol.settlement import charge
 from protocol.usage import Observation, classify
 
@@ -309,6 +319,181 @@ def truncation_messages(key: PrivateKey) -> list[dict[str, object]]:
     ]
 
 
+def x25519(name: str) -> nacl.public.PrivateKey:
+    return nacl.public.PrivateKey(seed(f"x25519 {name}"))
+
+
+def data_plane_bid() -> Bid:
+    """A bid whose image comes from a registry, inputs from object stores, outputs go to
+    an S3 prefix, with a registry login and S3 keys sealed after the agreement."""
+    bid = sample_bid()
+    inputs = (
+        DataRef(
+            digest="sha256:" + "11" * 32,
+            path="/in/data/part-0.csv",
+            size=1_000,
+            url="s3://datasets/run1/part-0.csv",
+        ),
+        DataRef(
+            digest="sha256:" + "22" * 32,
+            path="/in/labels.csv",
+            size=20,
+            url="https://data.example/labels.csv",
+        ),
+    )
+    job = dataclasses.replace(
+        bid.job,
+        image="sha256:" + "ab" * 32,  # an index digest: the provider resolves its arch
+        registry="registry.example:5000/team/app",
+        inputs=inputs,
+        output_to="s3://results/run1/",
+        secrets=("registry", "s3"),
+    )
+    return dataclasses.replace(bid, job=job)
+
+
+def sealed_box(plaintext: bytes, recipient: bytes, ephemeral: nacl.public.PrivateKey) -> bytes:
+    """crypto_box_seal with a chosen ephemeral key (libsodium picks a random one), so the
+    vector is reproducible: epk || crypto_box(m, blake2b-192(epk || pk), pk, esk)."""
+    epk = bytes(ephemeral.public_key)
+    nonce = hashlib.blake2b(epk + recipient, digest_size=24).digest()
+    return epk + nacl.bindings.crypto_box(plaintext, nonce, recipient, bytes(ephemeral))
+
+
+def data_plane_messages(key: PrivateKey) -> list[dict[str, object]]:
+    """Registry images, object-store data and sealed secrets (messages.md revision)."""
+    offer = dataclasses.replace(sample_offer(), seal_key=bytes(x25519("provider").public_key))
+    receipt = dataclasses.replace(
+        sample_receipt(),
+        outputs=(
+            DataRef(
+                digest="sha256:" + "cd" * 32,
+                path="/out/greeting",
+                size=6,
+                url="s3://results/run1/greeting",
+            ),
+        ),
+    )
+    bad_input = dataclasses.replace(
+        sample_receipt(),
+        usage=Usage(wall_ms=1_500, cpu_us=0),
+        exit_reason=ExitReason.BAD_INPUT,
+        exit_code=SignedInt(-1),
+        outputs=(),
+        logs=(),
+        cost=0,
+    )
+    secrets = JobSecrets(agreement_id=hashlib.sha256(b"agreement").digest(), sealed=bytes(96))
+    cases = [
+        valid_message(key, "offer with a seal key", offer),
+        valid_message(key, "bid for registry and object-store data", data_plane_bid()),
+        valid_message(key, "usage-receipt with outputs uploaded to a prefix", receipt),
+        valid_message(key, "usage-receipt for a job whose input was not as named", bad_input),
+        valid_message(key, "job-secrets", secrets),
+    ]
+    bid = to_value(data_plane_bid())
+    job = bid["job"]
+    assert isinstance(job, dict)
+
+    def with_job(**changes: object) -> dict[str, object]:
+        return {**bid, "job": {**job, **changes}}
+
+    invalid = [
+        (
+            "seal key that is not 32 bytes",
+            resigned(key, "offer", {**to_value(offer), "seal_key": bytes(SEAL_KEY_SIZE - 1)}),
+        ),
+        (
+            "output prefix without a trailing slash",
+            resigned(key, "bid", with_job(output_to="s3://results/run1")),
+        ),
+        ("secret name not in the list", resigned(key, "bid", with_job(secrets=["password"]))),
+        ("registry with a tag", resigned(key, "bid", with_job(registry="registry.example/app:v1"))),
+        (
+            "input url that is an s3 prefix",
+            resigned(
+                key,
+                "bid",
+                with_job(
+                    inputs=[
+                        {
+                            "digest": "sha256:" + "11" * 32,
+                            "path": "/in/x",
+                            "size": 1,
+                            "url": "s3://datasets/run1/",
+                        }
+                    ]
+                ),
+            ),
+        ),
+    ]
+    cases += [
+        {"name": n, "valid": False, "wire": w.hex(), "error": reason_of(w, open_signed)}
+        for n, w in invalid
+    ]
+    return cases
+
+
+def sealed_secrets() -> None:
+    provider, other = x25519("provider"), x25519("someone else")
+    agreement = hashlib.sha256(b"agreement").digest()
+    plain = SecretsPlain(
+        agreement_id=agreement,
+        registry=RegistryLogin(username="buyer", password="registry-password"),
+        s3=S3Secret(access_key="AKIAEXAMPLE", secret_key="s3-secret", session_token="token"),
+    )
+    only_registry = SecretsPlain(
+        agreement_id=agreement, registry=RegistryLogin(username="u", password="p")
+    )
+
+    def case(
+        name: str, box: bytes, recipient: nacl.public.PrivateKey, **outcome: object
+    ) -> dict[str, object]:
+        return {
+            "name": name,
+            "recipient": bytes(recipient).hex(),
+            "seal_key": bytes(recipient.public_key).hex(),
+            "agreement_id": agreement.hex(),
+            "box": box.hex(),
+            **outcome,
+        }
+
+    def seal_to(value: bytes, recipient: nacl.public.PrivateKey, label: str) -> bytes:
+        return sealed_box(value, bytes(recipient.public_key), x25519(f"ephemeral {label}"))
+
+    cases = [
+        case(
+            f"valid {name}",
+            seal_to(encode_secrets(p), provider, name),
+            provider,
+            valid=True,
+            plaintext=to_json(to_value(p)),
+        )
+        for name, p in (
+            ("registry login and s3 keys", plain),
+            ("registry login only", only_registry),
+        )
+    ]
+    wrong_job = dataclasses.replace(plain, agreement_id=hashlib.sha256(b"another").digest())
+    unknown = encode({**to_value(only_registry), "ssh": "key"})
+    flipped = bytearray(seal_to(encode_secrets(plain), provider, "flipped"))
+    flipped[40] ^= 1
+    invalid = [
+        ("sealed to another key", seal_to(encode_secrets(plain), other, "other")),
+        ("a flipped bit", bytes(flipped)),
+        ("sealed for another agreement", seal_to(encode_secrets(wrong_job), provider, "job")),
+        ("unknown secret", seal_to(unknown, provider, "unknown")),
+    ]
+    for name, box in invalid:
+        try:
+            open_secrets(box, bytes(provider), agreement_id=agreement)
+        except InvalidMessage as exc:
+            cases.append(case(name, box, provider, valid=False, error=exc.reason.value))
+        else:
+            raise AssertionError(f"{name} was accepted")
+    write("secrets", "sealed-secrets", "spec/messages.md#sealed-secrets", cases)
+
+
 def messages() -> None:
     key = PrivateKey.from_seed(seed("alice"))
     cases: list[dict[str, object]] = [
@@ -371,6 +556,7 @@ def messages() -> None:
     cases += revised_messages(key)
     cases += enrolment_messages()
     cases += truncation_messages(key)
+    cases += data_plane_messages(key)
     write("messages", "messages", "spec/messages.md#test-vectors", cases)
 
 
@@ -621,3 +807,4 @@ if __name__ == "__main__":
     settlement()
     limits()
     exit_reasons()
+    sealed_secrets()

@@ -375,15 +375,22 @@ def test_a_complete_request_round_trips_through_json():
         "inputs": [
             {"path": "/in/a", "file": "/tmp/a"},
             {"path": "/in/b", "digest": DIGEST, "size": 7},
+            {"path": "/in/c", "url": "s3://bucket/prefix/"},
         ],
         "preemptible": True,
         "checkpoint_path": "/ckpt",
         "name": "x",
+        "output_to": "s3://bucket/out/",
+        "credentials": {"s3": {"access_key": "AK", "secret_key": "SK"}},
     }
     request = parse_request(json.dumps(full))
     assert request.inputs[1] == Input(path="/in/b", digest=DIGEST, size=7)
-    assert json.loads(request.to_json()) == full
-    assert parse_request(request.to_json()) == request
+    assert json.loads(request.wire_json()) == full
+    assert parse_request(request.wire_json()) == request
+    # What is stored and shown never holds the credentials.
+    stored = {k: v for k, v in full.items() if k != "credentials"}
+    assert json.loads(request.to_json()) == stored
+    assert "SK" not in repr(request)
     with pytest.raises(RequestError, match="env"):
         parse_request(json.dumps({**full, "env": {"A=B": "1"}}))
 

@@ -6,6 +6,7 @@ server (with a fake Controller) runs in the test's trio loop.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import socket
 from functools import partial
@@ -13,6 +14,7 @@ from functools import partial
 import pytest
 import trio
 from api_support import NOW_MS, PEER_A, TOKEN, FakeController
+from process_support import serving_directory
 
 from node.api.client import ApiClient, NodeNotRunning
 from node.api.common import ApiError, write_api_info
@@ -331,3 +333,35 @@ def test_credit_formatting_and_tables():
         "xyz    5",
         "q    123",
     ]
+
+
+async def test_run_pins_a_web_input_on_the_users_machine_and_sends_keys_for_s3(
+    node, cx, tmp_path, monkeypatch
+):
+    """The node reads only its own S3 endpoint; a web URL is hashed by cx run itself. S3
+    keys come from the environment and travel in the request, never on the command line."""
+    (tmp_path / "site").mkdir()
+    (tmp_path / "site" / "data.csv").write_bytes(b"a,b\n")
+
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "AKIDEXAMPLE")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "not-on-argv")
+    with serving_directory(tmp_path / "site") as base:
+        url = f"{base}/data.csv"
+        code, _, err = await cx(
+            "run", "-d", "--max-price", "1", "--input", f"{url}:/in/data.csv",
+            "--input", "s3://bucket/more/:/in/more", "--output-to", "s3://bucket/out/",
+            DIGEST, "true",
+        )  # fmt: skip
+    assert code == 0, err
+    request = node[0].submitted[-1]
+    web, prefix = request.inputs
+    assert (web.url, web.digest, web.size) == (
+        url,
+        "sha256:" + hashlib.sha256(b"a,b\n").hexdigest(),
+        4,
+    )
+    assert (prefix.url, prefix.digest) == ("s3://bucket/more/", None)
+    assert request.output_to == "s3://bucket/out/"
+    assert request.credentials is not None
+    assert request.credentials.s3.secret_key.get_secret_value() == "not-on-argv"
+    assert "not-on-argv" not in request.to_json()

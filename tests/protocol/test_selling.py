@@ -97,6 +97,25 @@ def test_trust_the_offer_does_not_state_is_refused(market):
     assert _remaining(provider) == posted.payload.capacity
 
 
+@pytest.mark.parametrize(
+    ("seal_key", "refusal"),
+    [
+        (None, (RejectReason.BAD_TERMS, "this provider takes no sealed secrets")),
+        (bytes(32), None),
+    ],
+)
+def test_a_job_with_secrets_needs_an_offer_with_a_seal_key(market, seal_key, refusal):
+    buyer, provider, nonce = market
+    posted = provider.post_offer(
+        replace(offer(), seal_key=seal_key), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS
+    )
+    buyer.trader.receive_order(posted.wire, now_ms=T0)
+    with_secrets = replace(bid(), job=replace(bid().job, secrets=("s3",)))
+    _, [match] = buyer.trader.post(with_secrets, nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
+    proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
+    assert provider.screen(provider.receive_proposal(proposal.wire, now_ms=T0).id) == refusal
+
+
 def test_held_capacity_moves_to_the_new_offer_and_comes_back_with_the_receipt(market):
     buyer, provider, nonce = market
     _offer(buyer, provider, nonce, cpu_milli=2000)
