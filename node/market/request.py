@@ -21,6 +21,7 @@ from typing import Annotated, Literal
 import pydantic
 import pydantic_core
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, model_validator
+from pydantic.fields import FieldInfo
 
 from node.storage.fetching import FetchError
 from node.storage.image import ImageError, import_image
@@ -31,6 +32,7 @@ from node.storage.registry import Login, looks_like_registry_ref, parse_ref
 from node.storage.store import BlobStore
 from protocol.envelope import check_sealable
 from protocol.errors import DecodeError
+from protocol.limits import LIMITS, OutOfBounds, check_limits
 from protocol.messages import (
     Arch,
     Bid,
@@ -116,7 +118,13 @@ ImageRef = Annotated[
 Url = Annotated[str, Field(pattern=r"^(https?|s3)://[^\s\x00]+$"), AfterValidator(_url)]
 Digest = Annotated[str, Field(pattern=_DIGEST.pattern)]
 Count = Annotated[int, Field(ge=0, le=_INT_MAX)]
-Positive = Annotated[int, Field(ge=1, le=_INT_MAX)]
+
+
+def _within(limit: str) -> FieldInfo:
+    """The bounds protocol/limits.py sets for ``limit``, for the schema and the parser."""
+    bounds = LIMITS[limit]
+    field: FieldInfo = Field(ge=bounds.minimum, le=bounds.maximum)
+    return field
 
 
 class _Frozen(BaseModel):
@@ -236,11 +244,11 @@ class JobRequest(_Frozen):
     env: dict[Annotated[Text, Field(pattern=r"^[^=]+$")], Annotated[str, AfterValidator(_utf8)]] = (
         Field(default_factory=dict)
     )
-    cpu_milli: Positive = 1000
-    memory_bytes: Positive = 256 << 20
-    disk_bytes: Count = 0
-    gpus: Count = 0
-    wall_ms: Positive = 3_600_000
+    cpu_milli: Annotated[int, _within("resources.cpu_milli")] = 1000
+    memory_bytes: Annotated[int, _within("resources.memory_bytes")] = 256 << 20
+    disk_bytes: Annotated[int, _within("resources.disk_bytes")] = 0
+    gpus: Annotated[int, _within("resources.gpus")] = 0
+    wall_ms: Annotated[int, _within("job.wall_ms")] = 3_600_000
     arch: Arch | None = None
     regions: tuple[Text, ...] = ()
     trust: TrustLevel = TrustLevel.NONE
@@ -303,6 +311,7 @@ def _plain(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not part of a job request")
 
 
+_LIMIT_FIELDS = {"checkpoint.path": "checkpoint_path", "checkpoint.grace_ms": "checkpoint"}
 _PATTERN_HINTS = {
     "image": "must be a manifest digest sha256:<64 hex> or an absolute path to an OCI layout",
     "digest": "must be a digest sha256:<64 hex>",
@@ -419,6 +428,11 @@ def bid_from_request(request: JobRequest) -> Bid:
         )
     except ValueError as exc:
         raise RequestError(f"bad job request: {exc}") from exc
+    try:
+        check_limits(bid.job, bid.resources, bid.checkpoint)
+    except OutOfBounds as exc:  # named as the request names it: wall_ms, checkpoint_path
+        field = _LIMIT_FIELDS.get(exc.field, exc.field.rpartition(".")[2])
+        raise RequestError(f"{field}: {exc.why}") from None
     try:
         check_sealable(bid)
     except DecodeError as exc:

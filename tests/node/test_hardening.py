@@ -41,7 +41,11 @@ def _request(**fields: object):
         ({"env": {"BIG": "x" * 20_000}}, "too-long"),
         ({"command": ("echo",) + ("x" * 15_000,) * 20}, "too-large"),
         (
-            {"max_prices": {"cpu_core_hour": 2**62}, "cpu_milli": 2**40, "wall_ms": 2**40},
+            {
+                "max_prices": {"cpu_core_hour": 2**62},
+                "cpu_milli": 1_024_000,
+                "wall_ms": 2_592_000_000,
+            },
             "budget too large",
         ),
     ],
@@ -235,3 +239,21 @@ async def test_a_provider_sets_aside_a_bad_agreement_and_outbox_row_and_still_se
         await until(lambda: provider.peer.db.outbox() == [], provider)
         sources = sorted(a["source"] for a in provider.peer.db.quarantined())
         assert sources == ["agreements", "outbox"]
+
+
+@pytest.mark.parametrize(
+    ("fields", "says"),
+    [
+        ({"memory_bytes": 1}, "memory_bytes: "),
+        ({"cpu_milli": 1}, "cpu_milli: "),
+        ({"wall_ms": 10**12}, "wall_ms: "),
+        ({"checkpoint_path": "/a/../b"}, "checkpoint_path: "),
+    ],
+)
+def test_a_request_outside_the_limits_providers_enforce_is_refused_at_once(fields, says):
+    """Issue 17 D4 from the buyer's side: a bid every provider would refuse as bad terms
+    is refused when it is made, naming the field (protocol/limits.py's bounds)."""
+    from node.market.request import bid_from_request
+
+    with pytest.raises(RequestError, match=says):
+        bid_from_request(_request(**fields))
