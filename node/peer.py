@@ -51,6 +51,7 @@ from protocol.book import Explanation
 from protocol.errors import ProtocolError
 from protocol.explain import why_not
 from protocol.identity import PrivateKey
+from protocol.pricing import Rung
 from protocol.settlement import LedgerEntry
 from protocol.trader import Trader
 
@@ -101,6 +102,7 @@ class Why:
     job: JobRow
     explanation: Explanation | None
     text: str
+    rung: Rung | None = None  # a deadline's price ladder: the limit now, the next rise
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -206,8 +208,20 @@ class Peer:
             return Why(job=job, explanation=None, text=text)
         trader = self.market.trader
         bid = self.buyer.bid_of(job)
-        e = trader.book.explain(bid, now_ms=self.market.now_ms(), reputation=trader.reputation)
-        return Why(job=job, explanation=e, text=why_not(e, bid))
+        now = self.market.now_ms()
+        e = trader.book.explain(bid, now_ms=now, reputation=trader.reputation)
+        text, rung = why_not(e, bid), self.buyer.rung(job)
+        if rung is not None:
+            limit = rung.limit.cpu_core_hour / 1e6
+            text = (
+                text.rstrip(".")
+                + f". Its deadline's limit is {limit:.2f} credits per CPU core-hour now"
+            )
+            if rung.next_rise_ms is None:
+                text += ", its maximum."
+            else:
+                text += f", rising in {(rung.next_rise_ms - now) / 1000:.0f} s."
+        return Why(job=job, explanation=e, text=text, rung=rung)
 
     async def logs(self, job_id: str) -> dict[str, str]:
         """The job's stdout and stderr, as far as its receipt names them."""

@@ -207,8 +207,11 @@ class OrderBook:
         reputation: Reputation = _NO_REPUTATION,
     ) -> list[Match]:
         """Match a resting bid against the best offer not in ``exclude`` (offers that
-        already refused it). A passive bid is only matched against active offers."""
-        resting_bid = self.bids[bid_id]
+        already refused it). A passive bid is only matched against active offers; a bid
+        that left the book meanwhile (expired, cancelled, re-posted) has none."""
+        resting_bid = self.bids.get(bid_id)
+        if resting_bid is None:
+            return []
         bid = resting_bid.bid
         keys = self.offers.keys() if resting_bid.active else self._active_offers()
         best = min(

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from protocol.book import Match
+from protocol.encoding import encode
 from protocol.envelope import MessageId, Signed, open_signed
 from protocol.errors import InvalidMessage, LocalProtocolError, Reason
 from protocol.identity import PublicKey
@@ -30,6 +31,8 @@ from protocol.negotiation import (
     terms_from_match,
 )
 from protocol.receipts import CountersignedReceipt
+from protocol.schema import to_value
+from protocol.tape import TRADE_PRINT_DOMAIN, SignedPrint, print_of, sign_print
 from protocol.trader import NEGOTIATION_TTL_MS, Trader
 
 __all__ = ["BuyerDeal", "Buying"]
@@ -83,6 +86,11 @@ class Buying:
             self._refused(deal)
             return reply
         reply.signer.verify(AGREEMENT_DOMAIN, terms_bytes(terms), reply.payload.terms_signature)
+        if reply.payload.print_signature is not None:
+            trade = print_of(terms, deal.match.offer.payload)
+            reply.signer.verify(
+                TRADE_PRINT_DOMAIN, encode(to_value(trade)), reply.payload.print_signature
+            )
         deal.machine.fire(BuyerEvent.RECEIVE_ACCEPT, remote=True)
         deal.accept = reply
         return reply
@@ -100,6 +108,16 @@ class Buying:
         self.agreements[agreement.id] = agreement
         self.jobs[agreement.id] = job_machine()
         return agreement
+
+    def trade_print(self, proposal_id: MessageId) -> SignedPrint | None:
+        """After :meth:`agree`: the trade's print signed by both, for the tape; None when
+        the provider signed none."""
+        deal = self.deals[proposal_id]
+        if deal.accept is None or deal.accept.payload.print_signature is None:
+            return None
+        trade = print_of(deal.proposal.payload.terms, deal.match.offer.payload)
+        mine = sign_print(self.trader.key, trade)
+        return SignedPrint.assemble(trade, mine, deal.accept.payload.print_signature)
 
     def evidence_failed(self, proposal_id: MessageId) -> None:
         deal = self.deals[proposal_id]

@@ -315,6 +315,8 @@ class Accept:
     proposal_id: bytes
     terms_signature: bytes  # provider's signature over the terms, agreement domain
     evidence: Evidence | None = None
+    # provider's signature over the trade's print (protocol/tape.py), for the tape
+    print_signature: bytes | None = None
 
 
 class RejectReason(enum.StrEnum):

@@ -52,6 +52,7 @@ from protocol.negotiation import (
 )
 from protocol.receipts import CountersignedReceipt, agreed_charge
 from protocol.settlement import LedgerEntry
+from protocol.tape import print_of, sign_print
 from protocol.trader import NEGOTIATION_TTL_MS, Trader
 
 __all__ = ["LIVE", "ProviderDeal", "Selling", "choose_preemption"]
@@ -117,6 +118,13 @@ class Selling:
         self.offer = order
         return order
 
+    def held(self) -> Resources:
+        """The capacity committed now: accepted proposals and live agreements."""
+        total = Resources(cpu_milli=0, memory_bytes=0)
+        for resources in self._holds.values():
+            total = total.plus(resources)
+        return total
+
     def withdraw(self, offer_id: bytes, *, nonce: bytes, now_ms: int) -> Signed[Cancel] | None:
         """A cancel to gossip for one of our replaced offers still in the book, else None."""
         if offer_id not in self.trader.book.offers:
@@ -170,14 +178,14 @@ class Selling:
         """Hold the capacity and accept; rejects instead if the proposal fails
         :meth:`screen` or no longer fits."""
         refusal = self.screen(proposal_id)
-        terms = self.deals[proposal_id].terms
-        if refusal is None:
-            assert self.offer is not None  # screen() refuses without one
+        terms, offer = self.deals[proposal_id].terms, self.offer
+        if refusal is None and offer is not None:  # screen() refuses without an offer
             try:
-                self.trader.book.reserve(self.offer.id, terms.resources)
+                self.trader.book.reserve(offer.id, terms.resources)
             except LocalProtocolError as exc:
                 refusal = (RejectReason.NO_CAPACITY, str(exc))
-        if refusal is not None:
+        if refusal is not None or offer is None:
+            refusal = refusal or (RejectReason.UNKNOWN_ORDER, "no offer")
             return self.reject(proposal_id, *refusal, nonce=nonce, now_ms=now_ms)
         self._holds[proposal_id] = terms.resources
         self.deals[proposal_id].machine.fire(ProviderEvent.SEND_ACCEPT)
@@ -185,6 +193,7 @@ class Selling:
             proposal_id=proposal_id,
             terms_signature=sign_terms(self.trader.key, terms),
             evidence=evidence,
+            print_signature=sign_print(self.trader.key, print_of(terms, offer.payload)),
         )
         return self.trader.seal(payload, nonce, now_ms, NEGOTIATION_TTL_MS)
 

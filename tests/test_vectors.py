@@ -31,9 +31,19 @@ from protocol.messages import (
     Resources,
     Usage,
 )
+from protocol.pricing import (
+    Policy,
+    Pricing,
+    ResourcePricing,
+    asking,
+    cost_floor,
+    ladder,
+    should_repost,
+)
 from protocol.schema import from_value, to_value
 from protocol.secrets import encode_secrets, open_secrets
 from protocol.settlement import charge
+from protocol.tape import Tape, TradePrint
 from protocol.usage import Observation, classify
 
 
@@ -129,6 +139,57 @@ def check_settlement(case):
         ExitReason(case["exit_reason"]),
     )
     assert got == case["charge"]
+
+
+def check_pricing(case):
+    if case["op"] == "asking":
+        rule = case["rule"]
+        resource = ResourcePricing(**{**rule, "policy": Policy(rule["policy"])})
+        got = asking(
+            Pricing(resources={"cpu_core_hour": resource}),
+            held=Resources(cpu_milli=case["held_cpu_milli"], memory_bytes=0),
+            capacity=Resources(cpu_milli=case["capacity_cpu_milli"], memory_bytes=0),
+            prints={"cpu_core_hour": case["prints"]},
+        )
+        assert got.cpu_core_hour == case["cpu_core_hour"]
+    elif case["op"] == "ladder":
+        rung = ladder(
+            Prices(**case["max_prices"]),
+            created_ms=case["created_ms"],
+            deadline_ms=case["deadline_ms"],
+            now_ms=case["now_ms"],
+        )
+        assert (rung.limit.cpu_core_hour, rung.limit.memory_gib_hour) == (
+            case["limit"]["cpu_core_hour"],
+            case["limit"]["memory_gib_hour"],
+        )
+        assert rung.next_rise_ms == case["next_rise_ms"]
+    elif case["op"] == "cost_floor":
+        named = ("watts", "kwh_price", "depreciation_per_hour", "cpu_milli")
+        assert cost_floor(**{k: case[k] for k in named}) == case["floor"]
+    else:
+        moved = should_repost(
+            Prices(cpu_core_hour=case["old_cpu_core_hour"]),
+            Prices(cpu_core_hour=case["new_cpu_core_hour"]),
+            step_ppm=case["step_ppm"],
+            posted_ms=case["posted_ms"],
+            now_ms=case["now_ms"],
+            min_interval_ms=case["min_interval_ms"],
+        )
+        assert moved is case["repost"]
+
+
+def check_tape(case):
+    wire = bytes.fromhex(case["wire"])
+    tape = Tape()
+    if case["valid"]:
+        signed = tape.admit(wire, now_ms=case["now_ms"])
+        assert signed.trade == from_value(TradePrint, from_json(case["trade"]))
+        assert encode(to_value(signed.trade)).hex() == case["print_hex"]
+        return
+    if case.get("replay"):
+        tape.admit(wire, now_ms=case["now_ms"])
+    assert _reason(lambda w: tape.admit(w, now_ms=case["now_ms"]), wire) == case["error"]
 
 
 def check_exit_reasons(case):

@@ -124,6 +124,10 @@ class ApiClient:
     def market(self) -> Json:
         return self._object("GET", "/v1/market")
 
+    def history(self, *, interval_ms: int, since_ms: int = 0, field: str = "cpu_core_hour") -> Json:
+        query = urlencode({"interval_ms": interval_ms, "since_ms": since_ms, "field": field})
+        return self._object("GET", f"/v1/market/history?{query}")
+
     def ledger(self) -> Json:
         return self._object("GET", "/v1/ledger")
 

@@ -103,7 +103,11 @@ class NodeController:
 
     def market(self) -> Json:
         m = self.peer.market
-        return views.market(m.trader.book, m.trades, m.rejected, m.now_ms())
+        return views.market(m.trader.book, list(m.tape.prints()), m.rejected, m.now_ms())
+
+    def history(self, interval_ms: int, since_ms: int, price_field: str) -> Json:
+        prints = list(self.peer.market.tape.prints(since_ms=since_ms))
+        return views.history(prints, interval_ms=interval_ms, price_field=price_field)
 
     def ledger(self) -> Json:
         return views.ledger(self.peer.ledger(), self.peer.key.public_key.raw)

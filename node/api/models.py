@@ -5,11 +5,14 @@ leaves. Money is integer micro-credits, time integer milliseconds since the Unix
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
     "ErrorBody",
     "EventView",
+    "HistoryView",
     "JobView",
     "LedgerView",
     "LogsView",
@@ -17,6 +20,7 @@ __all__ = [
     "NodeView",
     "OutputsRequest",
     "PeerView",
+    "PriceField",
     "WhyView",
     "WrittenView",
 ]
@@ -96,6 +100,8 @@ class WhyView(_View):
     largest_free: dict[str, int] | None = None
     cheapest: dict[str, int] | None = None
     explanation: str
+    deadline_limit: dict[str, int] | None = None  # with a deadline: the bid's limit now
+    next_rise_ms: int | None = None  # and when it rises next (None: at its maximum)
 
 
 class LogsView(_View):
@@ -117,9 +123,15 @@ class WrittenView(_View):
 class ClassView(_View):
     class_: str = Field(alias="class")
     offers: int
-    bids: int
-    best_cpu_core_hour: int | None
-    last_prices: list[int]
+    bids: int  # live bids that could trade on this class, price and capacity aside
+    best_cpu_core_hour: int | None  # the cheapest offer
+    best_memory_gib_hour: int | None
+    best_bid_cpu_core_hour: int | None  # the highest limit a bid sets
+    last_cpu_core_hour: int | None  # the tape's last print
+    last_memory_gib_hour: int | None
+    volume: int  # prints on the tape (its window: a day)
+    volume_cpu_milli: int  # CPU those trades reserved
+    last_prices: list[int]  # the recent prints' CPU prices, oldest first
 
 
 class TradeView(_View):
@@ -127,6 +139,34 @@ class TradeView(_View):
     class_: str = Field(alias="class")
     cpu_core_hour: int
     memory_gib_hour: int
+    cpu_milli: int
+    memory_bytes: int
+    buyer: str
+    provider: str
+
+
+PriceField = Literal["cpu_core_hour", "memory_gib_hour", "disk_gib_hour", "gpu_hour"]
+
+
+class CandleView(_View):
+    start_ms: int
+    open: int
+    high: int
+    low: int
+    close: int
+    trades: int
+    cpu_milli: int
+
+
+class ClassHistoryView(_View):
+    class_: str = Field(alias="class")
+    candles: list[CandleView]
+
+
+class HistoryView(_View):
+    interval_ms: int
+    field: PriceField
+    classes: list[ClassHistoryView]
 
 
 class MarketView(_View):

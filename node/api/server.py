@@ -39,6 +39,8 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
                                   -> [WrittenView], the files written under dest
     POST /v1/jobs/{id}/cancel     JobView
     GET  /v1/market               MarketView
+    GET  /v1/market/history?interval_ms=N&since_ms=T&field=F
+                                  HistoryView: OHLC candles of the tape per class
     GET  /v1/ledger               LedgerView
 """
 
@@ -74,6 +76,7 @@ log = logging.getLogger(__name__)
 
 READ_TIMEOUT_S = 10.0
 _INT_MAX = 2**63 - 1
+_WEEK_MS = 7 * 86_400_000
 
 Json = dict[str, Any]
 _Scope = MutableMapping[str, Any]
@@ -107,6 +110,8 @@ class Controller(Protocol):
     async def cancel(self, job_id: str) -> Json: ...
 
     def market(self) -> Json: ...
+
+    def history(self, interval_ms: int, since_ms: int, price_field: str) -> Json: ...
 
     def ledger(self) -> Json: ...
 
@@ -226,6 +231,14 @@ def _routes(app: FastAPI, c: Controller) -> None:
     @app.get("/v1/market", response_model=models.MarketView)
     async def market() -> Json:
         return c.market()
+
+    @app.get("/v1/market/history", response_model=models.HistoryView)
+    async def history(
+        interval_ms: Annotated[int, Query(ge=1000, le=_WEEK_MS)] = 60_000,
+        since_ms: Annotated[int, Query(ge=0, le=_INT_MAX)] = 0,
+        field: models.PriceField = "cpu_core_hour",
+    ) -> Json:
+        return c.history(interval_ms, since_ms, field)
 
     @app.get("/v1/ledger", response_model=models.LedgerView)
     async def ledger() -> Json:

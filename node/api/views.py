@@ -10,16 +10,18 @@ import dataclasses
 from collections.abc import Iterable
 from typing import Any
 
-from node.market.gossip import Trade, resource_class
 from node.peer import Why
 from node.storage.db import JobRow
 from protocol.book import OrderBook
 from protocol.envelope import Signed
 from protocol.identity import PublicKey
-from protocol.messages import Offer
+from protocol.messages import Bid, Offer
 from protocol.settlement import LedgerEntry
+from protocol.tape import TradePrint, candles, resource_class
 
-__all__ = ["job", "ledger", "market", "offer", "why"]
+__all__ = ["history", "job", "ledger", "market", "offer", "why"]
+
+CHART_PRINTS = 40  # the recent prices a class's chart shows
 
 Json = dict[str, Any]
 
@@ -70,41 +72,112 @@ def why(w: Why) -> Json:
         "largest_free": dataclasses.asdict(e.largest_free) if e and e.largest_free else None,
         "cheapest": dataclasses.asdict(e.cheapest) if e and e.cheapest else None,
         "explanation": w.text,
+        "deadline_limit": dataclasses.asdict(w.rung.limit) if w.rung else None,
+        "next_rise_ms": w.rung.next_rise_ms if w.rung else None,
     }
 
 
-def market(book: OrderBook, trades: Iterable[Trade], rejected: dict[str, int], now_ms: int) -> Json:
+def market(
+    book: OrderBook, prints: list[TradePrint], rejected: dict[str, int], now_ms: int
+) -> Json:
+    """Per resource class: the book's depth and best prices, and the tape's last price,
+    volume and recent prices (``prints``: the tape's window, oldest first)."""
     classes: dict[str, Json] = {}
 
     def of(name: str) -> Json:
-        empty = {"class": name, "offers": 0, "bids": 0, "best_cpu_core_hour": None}
-        return classes.setdefault(name, {**empty, "last_prices": []})
-
-    for resting in book.live_offers(now_ms):
-        c = of(resource_class(resting.offer))
-        c["offers"] += 1
-        price, best = resting.offer.prices.cpu_core_hour, c["best_cpu_core_hour"]
-        c["best_cpu_core_hour"] = price if best is None else min(price, best)
-    trades = list(trades)
-    for trade in trades:
-        c = of(trade.resource_class)
-        c["last_prices"] = (c["last_prices"] + [trade.cpu_core_hour])[-5:]
-    bids = sum(1 for b in book.bids.values() if b.order.expires_ms > now_ms)
-    return {
-        "offers": sum(c["offers"] for c in classes.values()),
-        "bids": bids,
-        "classes": sorted(classes.values(), key=lambda c: c["class"]),
-        "recent_trades": [
+        return classes.setdefault(
+            name,
             {
-                "at_ms": t.at_ms,
-                "class": t.resource_class,
-                "cpu_core_hour": t.cpu_core_hour,
-                "memory_gib_hour": t.memory_gib_hour,
-            }
-            for t in trades[-20:]
-        ],
+                "class": name,
+                "offers": 0,
+                "bids": 0,
+                "best_cpu_core_hour": None,
+                "best_memory_gib_hour": None,
+                "best_bid_cpu_core_hour": None,
+                "last_cpu_core_hour": None,
+                "last_memory_gib_hour": None,
+                "volume": 0,
+                "volume_cpu_milli": 0,
+                "last_prices": [],
+            },
+        )
+
+    offers = [resting.offer for resting in book.live_offers(now_ms)]
+    for o in offers:
+        c = of(resource_class(o))
+        c["offers"] += 1
+        c["best_cpu_core_hour"] = _least(c["best_cpu_core_hour"], o.prices.cpu_core_hour)
+        c["best_memory_gib_hour"] = _least(c["best_memory_gib_hour"], o.prices.memory_gib_hour)
+    bids = [b.order.payload for b in book.bids.values() if b.order.expires_ms > now_ms]
+    for name, c in classes.items():
+        wanting = [
+            b for b in bids if any(_wants(b, o) for o in offers if resource_class(o) == name)
+        ]
+        c["bids"] = len(wanting)
+        if wanting:
+            c["best_bid_cpu_core_hour"] = max(b.max_prices.cpu_core_hour for b in wanting)
+    for trade in prints:
+        c = of(trade.resource_class)
+        c["last_cpu_core_hour"] = trade.prices.cpu_core_hour
+        c["last_memory_gib_hour"] = trade.prices.memory_gib_hour
+        c["volume"] += 1
+        c["volume_cpu_milli"] += trade.resources.cpu_milli
+        c["last_prices"] = (c["last_prices"] + [trade.prices.cpu_core_hour])[-CHART_PRINTS:]
+    return {
+        "offers": len(offers),
+        "bids": len(bids),
+        "classes": sorted(classes.values(), key=lambda c: c["class"]),
+        "recent_trades": [trade_print(t) for t in prints[-20:]],
         "rejected_gossip": dict(rejected),
     }
+
+
+def trade_print(t: TradePrint) -> Json:
+    return {
+        "at_ms": t.at_ms,
+        "class": t.resource_class,
+        "cpu_core_hour": t.prices.cpu_core_hour,
+        "memory_gib_hour": t.prices.memory_gib_hour,
+        "cpu_milli": t.resources.cpu_milli,
+        "memory_bytes": t.resources.memory_bytes,
+        "buyer": PublicKey(t.buyer).peer_id,
+        "provider": PublicKey(t.provider).peer_id,
+    }
+
+
+def history(prints: list[TradePrint], *, interval_ms: int, price_field: str) -> Json:
+    """OHLC candles of ``price_field`` per class and ``interval_ms``."""
+    by_class: dict[str, list[TradePrint]] = {}
+    for t in prints:
+        by_class.setdefault(t.resource_class, []).append(t)
+    return {
+        "interval_ms": interval_ms,
+        "field": price_field,
+        "classes": [
+            {
+                "class": name,
+                "candles": [
+                    dataclasses.asdict(c) for c in candles(group, interval_ms, price_field)
+                ],
+            }
+            for name, group in sorted(by_class.items())
+        ],
+    }
+
+
+def _least(best: int | None, price: int) -> int:
+    return price if best is None else min(best, price)
+
+
+def _wants(bid: Bid, offer: Offer) -> bool:
+    """Could ``bid`` trade on ``offer``'s class, price and capacity aside?"""
+    c = bid.constraints
+    return (
+        (c.arch is None or c.arch is offer.arch)
+        and (not c.regions or offer.region in c.regions)
+        and (c.gpu_model is None or any(g.model == c.gpu_model for g in offer.gpus))
+        and bid.resources.gpus <= len(offer.gpus)
+    )
 
 
 def ledger(entries: Iterable[tuple[LedgerEntry, int]], me: bytes) -> Json:

@@ -7,6 +7,8 @@ Exit status: 0 done, 1 the node refused, 3 no node answered.
 from __future__ import annotations
 
 import argparse
+import time
+from pathlib import Path
 from typing import Any
 
 from node.cli.common import (
@@ -14,27 +16,67 @@ from node.cli.common import (
     age,
     client,
     credits,
+    duration_ms,
     print_json,
     short_peer,
     table,
     talk,
 )
 
-__all__ = ["register"]
+__all__ = ["register", "render_market", "sparkline"]
 
 Json = dict[str, Any]
-_LAST = 5  # trade prices shown per class
+_BARS = "▁▂▃▄▅▆▇█"
+PRICE_FIELDS = ("cpu_core_hour", "memory_gib_hour", "disk_gib_hour", "gpu_hour")
+_MARKET_HEADERS = (
+    "CLASS", "OFFERS", "BIDS", "BEST BID", "BEST OFFER", "LAST", "MEM OFFER", "TRADES",
+    "CPU PRICE CHART",
+)  # fmt: skip
 
 
 def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
     market = commands.add_parser(
         "market",
-        help="order book depth and recent trade prices per resource class",
-        description="The offers and bids in this node's order book per resource class, "
-        "the best CPU price on offer, and the prices of recent trades (credits).",
+        help="best bid and offer, last price, volume and a price chart per resource class",
+        description="Per resource class: the offers and bids in this node's order book, the "
+        "best offer and the highest bid limit, and from the tape (the trade prints every "
+        "node keeps) the last price, the volume and a chart of recent prices. Credits; "
+        "CPU per core-hour, memory per GiB-hour.",
     )
-    add_common(market, json_help="print the book summary as JSON (micro-credits)")
+    add_common(market, json_help="print the market as JSON (micro-credits)")
     market.set_defaults(run=talk("cx market", _market))
+    views = market.add_subparsers(title="views", metavar="VIEW")
+    history = views.add_parser(
+        "history",
+        help="OHLC candles of the tape's prices per class",
+        description="Open, high, low and close of the trade prints per resource class and "
+        "interval, with the number of trades and the CPU they reserved.",
+    )
+    # ``cx market --home H history``: the parser above has --home already; one given
+    # here too wins (argparse lets a subparser's default override the parent's value)
+    history.add_argument("--home", type=Path, default=argparse.SUPPRESS, help=argparse.SUPPRESS)
+    history.add_argument(
+        "--json", action="store_true", help="print the candles as JSON (micro-credits)"
+    )
+    history.add_argument(
+        "--interval",
+        type=duration_ms,
+        default=60_000,
+        help="the candles' length, like 30s, 5m or 1h (default 1m)",
+    )
+    history.add_argument(
+        "--since",
+        type=duration_ms,
+        default=None,
+        help="only prints younger than this, like 10m (default: all the tape keeps)",
+    )
+    history.add_argument(
+        "--field",
+        choices=PRICE_FIELDS,
+        default="cpu_core_hour",
+        help="which unit price (default cpu_core_hour)",
+    )
+    history.set_defaults(run=talk("cx market history", _history))
 
     ledger = commands.add_parser(
         "ledger",
@@ -62,25 +104,36 @@ def _market(args: argparse.Namespace) -> int:
     return 0
 
 
+def sparkline(values: list[int]) -> str:
+    """One block character per value, its height the value's place between the least and
+    the greatest (a flat line when they are equal)."""
+    if not values:
+        return "-"
+    low, high = min(values), max(values)
+    top = len(_BARS) - 1
+    return "".join(_BARS[(v - low) * top // (high - low) if high > low else 0] for v in values)
+
+
 def render_market(market: Json, now_ms: int | None = None) -> str:
     classes = [
         (
             c["class"],
             c.get("offers", 0),
             c.get("bids", 0),
+            credits(c.get("best_bid_cpu_core_hour")),
             credits(c.get("best_cpu_core_hour")),
-            " ".join(credits(p) for p in (c.get("last_prices") or [])[-_LAST:]) or "-",
+            credits(c.get("last_cpu_core_hour")),
+            credits(c.get("best_memory_gib_hour")),
+            c.get("volume", 0),
+            sparkline(c.get("last_prices") or []),
         )
         for c in market.get("classes") or []
     ]
     out = [
-        f"book: {market.get('offers', 0)} offer(s), {market.get('bids', 0)} bid(s)",
+        f"book: {market.get('offers', 0)} offer(s), {market.get('bids', 0)} bid(s); "
+        "CPU prices per core-hour, memory per GiB-hour, in credits",
         "",
-        table(
-            ("CLASS", "OFFERS", "BIDS", "BEST CPU/CORE-H", "LAST CPU/CORE-H"),
-            classes,
-            right=(1, 2, 3),
-        ),
+        table(_MARKET_HEADERS, classes, right=(1, 2, 3, 4, 5, 6, 7)),
     ]
     trades = [
         (
@@ -94,6 +147,34 @@ def render_market(market: Json, now_ms: int | None = None) -> str:
     out += ["", "recent trades:"]
     out.append(table(("AGE", "CLASS", "CPU/CORE-H", "MEM/GIB-H"), trades, right=(0, 2, 3)))
     return "\n".join(out)
+
+
+def _history(args: argparse.Namespace) -> int:
+    since = 0 if args.since is None else max(0, int(time.time() * 1000) - args.since)
+    history = client(args).history(interval_ms=args.interval, since_ms=since, field=args.field)
+    if args.json:
+        print_json(history)
+    else:
+        print(render_history(history))
+    return 0
+
+
+def render_history(history: Json) -> str:
+    rows = [
+        (
+            c["class"],
+            age(k["start_ms"], None),
+            credits(k["open"]),
+            credits(k["high"]),
+            credits(k["low"]),
+            credits(k["close"]),
+            k["trades"],
+        )
+        for c in history.get("classes") or []
+        for k in c["candles"]
+    ]
+    headers = ("CLASS", "START", "OPEN", "HIGH", "LOW", "CLOSE", "TRADES")
+    return table(headers, rows, right=(1, 2, 3, 4, 5, 6)) if rows else "no trades on the tape"
 
 
 def _ledger(args: argparse.Namespace) -> int:

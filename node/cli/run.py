@@ -142,6 +142,13 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         metavar="CREDITS",
         help="per GPU-hour; required with --gpus",
     )
+    money.add_argument(
+        "--deadline",
+        type=duration_ms,
+        metavar="DURATION",
+        help="trade within this long, e.g. 10m: the bid starts at half the maximum prices "
+        "and rises in four steps to them by the deadline; `cx why` shows the limit now",
+    )
     where = p.add_argument_group("where it may run")
     where.add_argument("--arch", help="CPU architecture, e.g. amd64 or arm64; default any")
     where.add_argument(
@@ -284,6 +291,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "preemptible": args.preemptible,
         "checkpoint_path": args.checkpoint_path,
         "name": args.name,
+        "deadline_ms": args.deadline,
         "output_to": args.output_to,
         "credentials": _credentials(args.image, inputs, args.output_to),
     }

@@ -66,6 +66,7 @@ from protocol.messages import (
     UsageReceipt,
 )
 from protocol.negotiation import Agreement, terms_hash
+from protocol.pricing import Rung, ladder
 
 __all__ = ["FINAL_STATES", "JOB_STATES", "WAITING_STATES", "Buyer"]
 
@@ -107,6 +108,9 @@ class Buyer:
         self._nursery: trio.Nursery | None = None
         self._bid_jobs: dict[bytes, str] = {}  # bid id -> job id
         self._negotiating: set[bytes] = set()  # bid ids
+        # matches the book made for a bid while it was negotiating (a new offer arrived):
+        # the bid left the book with them, so they are its next candidates
+        self._arrived: dict[bytes, list[Match]] = {}
         self._followed: dict[bytes, trio.Event] = {}  # agreement id -> job over
         self.vault = Vault()  # the jobs' registry logins and S3 keys, in memory only
 
@@ -138,7 +142,7 @@ class Buyer:
         Raises:
             RequestError: the request cannot become a bid.
         """
-        bid = bid_from_request(request)
+        bid_from_request(request)  # refuse a request that makes no bid before storing it
         now = self.market.now_ms()
         job = JobRow(
             id=self.market.nonce(8).hex(),
@@ -148,6 +152,7 @@ class Buyer:
             created_ms=now,
             updated_ms=now,
         )
+        bid = self.bid_of(job)
         if credentials is not None:
             self.vault.keep(job.id, credentials)
         with self.db.atomic():  # a job is never stored without its bid
@@ -155,11 +160,47 @@ class Buyer:
             self._event(job.id, "waiting", "bid posted")
             posted = self._post(job.id, bid)
         await self._announce(*posted)
+        if request.deadline_ms is not None and self._nursery is not None:
+            self._nursery.start_soon(self._climb, job.id)
         return self._row(job.id)
 
     def bid_of(self, job: JobRow) -> Bid:
-        """The bid a job's request makes (the last one posted may add a checkpoint)."""
-        return bid_from_request(parse_request(job.request))
+        """The bid a job's request makes now (the last one posted may add a checkpoint):
+        with a deadline, at the ladder's current limit."""
+        bid = bid_from_request(parse_request(job.request))
+        rung = self.rung(job)
+        return bid if rung is None else dataclasses.replace(bid, max_prices=rung.limit)
+
+    def rung(self, job: JobRow) -> Rung | None:
+        """Where a job with a deadline stands on its price ladder; None without one."""
+        request = parse_request(job.request)
+        if request.deadline_ms is None:
+            return None
+        return ladder(
+            bid_from_request(request).max_prices,
+            created_ms=job.created_ms,
+            deadline_ms=request.deadline_ms,
+            now_ms=self.market.now_ms(),
+        )
+
+    async def _climb(self, job_id: str) -> None:
+        """Raise a deadline's bid at each rung of its ladder while the job waits."""
+        while (rung := self.rung(self._row(job_id))) and rung.next_rise_ms is not None:
+            await trio.sleep(max(0, rung.next_rise_ms - self.market.now_ms()) / 1000)
+            job = self._row(job_id)
+            if job.state not in WAITING_STATES:
+                return
+            if job.bid_id is None or job.bid_id in self._negotiating:
+                continue  # its bid is being proposed: the next rung re-posts it
+            bid = self.bid_of(job)
+            cancel = self.buying.trader.cancel(
+                MessageId(job.bid_id), nonce=self.market.nonce(), now_ms=self.market.now_ms()
+            )
+            self.db.drop_order(job.bid_id)
+            await self.market.publish(cancel, topic=BIDS_TOPIC)
+            price = bid.max_prices.cpu_core_hour
+            self._event(job_id, "waiting", f"limit raised to {price} per core-hour")
+            await self._announce(*self._post(job_id, bid))
 
     def _row(self, job_id: str) -> JobRow:
         job = self.db.job(job_id)
@@ -204,7 +245,10 @@ class Buyer:
 
     def _on_match(self, match: Match) -> None:
         bid_id = match.bid.id
-        if bid_id in self._negotiating or self._nursery is None:
+        if bid_id in self._negotiating:
+            self._arrived.setdefault(bid_id, []).append(match)
+            return
+        if self._nursery is None:
             return
         self._negotiating.add(bid_id)
         self._nursery.start_soon(self._negotiate, match)
@@ -221,8 +265,7 @@ class Buyer:
             while match is not None and job_id is not None:
                 if await self._try(job_id, match) is not None:
                     return
-                now = self.market.now_ms()
-                match = next(iter(self.buying.next_match(bid_id, now_ms=now)), None)
+                match = self._next_candidate(bid_id)
             if job_id is not None:
                 self._event(job_id, "waiting", "no provider agreed yet; the bid waits for offers")
         except Exception:
@@ -230,6 +273,14 @@ class Buyer:
             log.exception("negotiation for bid %s failed", bid_id.hex()[:16])
         finally:
             self._negotiating.discard(bid_id)
+            for unused in self._arrived.pop(bid_id, []):  # the offers get their capacity back
+                self.buying.trader.book.give_back(unused.offer.id, unused.resources)
+
+    def _next_candidate(self, bid_id: MessageId) -> Match | None:
+        """A match that arrived during the last proposal, else the book's next one."""
+        if arrived := self._arrived.get(bid_id):
+            return arrived.pop(0)
+        return next(iter(self.buying.next_match(bid_id, now_ms=self.market.now_ms())), None)
 
     async def _try(self, job_id: str, match: Match) -> Agreement | None:
         """Propose ``match``; the agreement, or None if this provider would not or could not."""
@@ -267,6 +318,8 @@ class Buyer:
                         await self._send_secrets(stream, job_id, agreement, match)
                     except (NetworkError, PeerRefused) as exc:
                         log.warning("agreement %s unacknowledged (%s)", agreement.id.hex(), exc)
+                    if (trade := self.buying.trade_print(proposal.id)) is not None:
+                        await self.market.record_print(trade)
                     return agreement
                 finally:
                     await stream.aclose()
@@ -348,7 +401,6 @@ class Buyer:
                 "agreed",
                 f"with {PublicKey(terms.provider).peer_id}, max cost {terms.max_cost}",
             )
-        self.market.record_trade(match.offer.payload, self.market.now_ms())
         self._follow(agreement)
 
     # -- following the job -------------------------------------------------------------
@@ -533,6 +585,8 @@ class Buyer:
             self._bid_jobs[order_id] = job_id
             for match in matches:
                 self._on_match(match)
+            if self._nursery is not None:
+                self._nursery.start_soon(self._climb, job_id)  # returns at once without one
         for row in self.db.agreements():
             if row.role != "buyer":
                 continue

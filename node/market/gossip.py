@@ -5,7 +5,9 @@ gossiped orders in the topic validator (decode, signature, expiry, replay, size:
 invalid is forwarded, and its forwarder loses score), keeps the book fresh (expired and
 cancelled orders leave), hands matches of our own bids to the buyer role, and keeps this
 node connected: a *hello* exchange swaps addresses so buyers can dial providers they only
-know from gossip, and a *book* exchange gives a newcomer the live orders it missed.
+know from gossip, and a *book* exchange gives a newcomer the live orders it missed. The
+same goes for the tape (protocol/tape.py): trade prints are admitted on their own topic,
+kept in SQLite, and a newcomer pulls the recent ones with a *tape* exchange.
 
 The roles build on it: ``node/market/buyer.py`` and ``node/market/provider.py``.
 """
@@ -14,9 +16,7 @@ from __future__ import annotations
 
 import logging
 import math
-from collections import deque
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import TYPE_CHECKING, Any
 
 import trio
@@ -30,40 +30,36 @@ from node.net.transport import (
     Stream,
     Verdict,
 )
-from node.net.wire import BIDS_TOPIC, BOOK, HELLO, OFFERS_TOPIC, control, read_control
+from node.net.wire import (
+    BIDS_TOPIC,
+    BOOK,
+    HELLO,
+    OFFERS_TOPIC,
+    TAPE,
+    TAPE_TOPIC,
+    control,
+    read_control,
+)
 from node.storage.db import Database
 from node.storage.store import BlobStore
 from protocol.book import Match
 from protocol.envelope import Signed
 from protocol.errors import LocalProtocolError, ProtocolError, Reason
-from protocol.messages import Bid, Offer
+from protocol.messages import Bid
+from protocol.tape import SignedPrint, Tape
 from protocol.trader import Trader
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
 
-__all__ = ["Market", "Trade"]
+__all__ = ["Market"]
 
 log = logging.getLogger(__name__)
 
 MAX_PEERS = 64  # addresses learned by hello are dialled up to this many connections
 _HARMLESS = frozenset({Reason.EXPIRED, Reason.REPLAYED, Reason.NOT_YET_VALID})
 
-
-@dataclass(frozen=True, slots=True)
-class Trade:
-    """An agreement this node made, for ``cx market``'s recent prices."""
-
-    at_ms: int
-    resource_class: str
-    cpu_core_hour: int
-    memory_gib_hour: int
-
-
-def resource_class(offer: Offer) -> str:
-    """How ``cx market`` groups offers: architecture, GPUs or not, region."""
-    kind = f"gpu:{offer.gpus[0].model}" if offer.gpus else "cpu"
-    return f"{offer.arch.value}/{kind}/{offer.region or 'any'}"
+TAPE_SYNC_MAX = 10_000  # prints a tape exchange serves, newest kept
 
 
 class Market:
@@ -89,7 +85,7 @@ class Market:
         self.timings = timings
         self.entropy = entropy
         self.addresses: dict[PeerId, str] = {}  # dialable addresses learned by hello
-        self.trades: deque[Trade] = deque(maxlen=200)
+        self.tape = Tape()
         self.rejected: dict[str, int] = {}  # gossip refused, by reason
         self.on_match: Callable[[Match], None] = lambda match: None
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
@@ -115,13 +111,17 @@ class Market:
         await self._changed.wait()
 
     async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
-        """Join the topics and serve hello and book; runs until cancelled."""
+        """Join the topics and serve hello, book and tape; runs until cancelled."""
+        self._restore_tape()
         async with trio.open_nursery() as nursery:
             for topic in (OFFERS_TOPIC, BIDS_TOPIC):
                 channel = await self.net.subscribe(topic, self._validate)
                 nursery.start_soon(self._drain, channel)
+            channel = await self.net.subscribe(TAPE_TOPIC, self._validate_print)
+            nursery.start_soon(self._drain, channel)
             self.net.serve(HELLO, self._serve_hello)
             self.net.serve(BOOK, self._serve_book)
+            self.net.serve(TAPE, self._serve_tape)
             nursery.start_soon(self._dispatch_matches)
             nursery.start_soon(self._maintain)
             task_status.started()
@@ -158,15 +158,63 @@ class Market:
             topic = BIDS_TOPIC if isinstance(order.payload, Bid) else OFFERS_TOPIC
         await self.net.publish(topic, order.wire)
 
-    def record_trade(self, offer: Offer, at_ms: int) -> None:
-        self.trades.append(
-            Trade(
-                at_ms,
-                resource_class(offer),
-                offer.prices.cpu_core_hour,
-                offer.prices.memory_gib_hour,
-            )
-        )
+    # -- the tape ----------------------------------------------------------------------
+
+    def _validate_print(self, author: PeerId, data: bytes) -> Verdict:
+        """The tape topic's validator: both signatures, new, in its window; then stored."""
+        try:
+            signed = self.tape.admit(data, now_ms=self.now_ms())
+        except ProtocolError as exc:
+            if exc.reason in _HARMLESS:
+                return Verdict.IGNORE
+            self.rejected[exc.reason.value] = self.rejected.get(exc.reason.value, 0) + 1
+            log.info("refused a trade print from %s: %s", author, exc)
+            return Verdict.REJECT
+        self.db.save_print(signed.trade.trade_id, signed.trade.at_ms, signed.wire)
+        self.touch()
+        return Verdict.ACCEPT
+
+    async def record_print(self, signed: SignedPrint) -> None:
+        """Keep a print of our own trade and gossip it to the tape."""
+        try:
+            self.tape.keep(signed, now_ms=self.now_ms())
+        except ProtocolError as exc:
+            log.info("own trade print not kept: %s", exc)
+            return
+        self.db.save_print(signed.trade.trade_id, signed.trade.at_ms, signed.wire)
+        self.touch()
+        await self.net.publish(TAPE_TOPIC, signed.wire)
+
+    def _restore_tape(self) -> None:
+        now = self.now_ms()
+        for trade_id, wire in self.db.prints(now - self.tape.retention_ms):
+            try:
+                self.tape.admit(wire, now_ms=now)
+            except ProtocolError as exc:
+                self.db.quarantine("tape", trade_id, str(exc), now)
+
+    async def sync_tape(self, peer: PeerId) -> int:
+        """Take the recent prints ``peer`` kept; returns how many were new here."""
+        taken = 0
+        try:
+            with trio.fail_after(self.timings.hello_timeout_s * 4):
+                stream = FramedStream(await self.net.open_stream(peer, TAPE))
+                try:
+                    await stream.send_frame(control())
+                    while (frame := await stream.receive_frame()) is not None:
+                        if self._validate_print(peer, frame) is Verdict.ACCEPT:
+                            taken += 1
+                finally:
+                    await stream.aclose()
+        except (NetworkError, trio.TooSlowError) as exc:
+            log.info("tape sync with %s failed: %s", peer, exc)
+        return taken
+
+    async def _serve_tape(self, raw: Stream) -> None:
+        stream = FramedStream(raw)
+        read_control(await stream.receive_frame())
+        for _, wire in self.db.prints(self.now_ms() - self.tape.retention_ms)[-TAPE_SYNC_MAX:]:
+            await stream.send_frame(wire)
 
     async def _maintain(self) -> None:
         while True:
@@ -175,6 +223,8 @@ class Market:
             if self.trader.book.expire(now):
                 self.touch()
             self.trader.guard.forget_expired(now)
+            self.tape.forget_before(now - self.tape.retention_ms)
+            self.db.forget_prints_before(now - self.tape.retention_ms)
 
     # -- peers -------------------------------------------------------------------------
 
@@ -187,6 +237,7 @@ class Market:
         self.addresses[peer] = addr
         await self._hello(peer)
         await self.sync_book(peer)
+        await self.sync_tape(peer)
         await self._announce()
         return peer
 

@@ -29,6 +29,7 @@ import trio
 
 from node.exec.executor import CapacityExceeded, JobResult
 from node.market.gossip import Market
+from node.market.repricing import asking_now, follow_prices
 from node.market.secrets import SealKey, receive_secrets
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream
 from node.net.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
@@ -122,6 +123,8 @@ class Provider:
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
         self._delivering: set[str] = set()
+        self._pricing = config.effective_pricing()
+        self._prices = config.prices  # asked now: the policies move them from here
 
     @property
     def offer(self) -> Signed[Offer] | None:
@@ -138,8 +141,11 @@ class Provider:
             self._restore()
             self.market.net.serve(NEGOTIATE, self._serve_negotiate)
             self.market.net.serve(PING, self._serve_ping)
+            if self._pricing.moves:
+                self._prices = self._asking()
             await self._post_offer()
             nursery.start_soon(self._refresh_offer)
+            nursery.start_soon(self._follow_prices)
             nursery.start_soon(self._deliver_loop)
             task_status.started()
 
@@ -150,7 +156,7 @@ class Provider:
         trust = c.trust if self.attestor is not None else (TrustLevel.NONE,)
         return Offer(
             capacity=c.capacity,
-            prices=c.prices,
+            prices=self._prices,
             arch=c.arch,
             region=c.region,
             trust=trust,
@@ -167,6 +173,7 @@ class Provider:
             ttl_ms=self.config.offer_ttl_ms,
         )
         self.db.save_order(order.id, "offer", order.wire, order.expires_ms, None)
+        self.market.touch()
         await self.market.publish(order)
         for offer_id in old:
             self.db.drop_order(offer_id)
@@ -180,13 +187,39 @@ class Provider:
         self, *, prices: Prices | None = None, capacity: Resources | None = None
     ) -> None:
         """Sell at new unit prices, or a new capacity, from now on: a fresh offer replaces the
-        current one (jobs running keep the terms they agreed)."""
+        current one (jobs running keep the terms they agreed). New prices are fixed ones:
+        the configured pricing policies stop moving them."""
         self.config = dataclasses.replace(
             self.config,
             prices=prices or self.config.prices,
             capacity=capacity or self.config.capacity,
+            pricing=None if prices else self.config.pricing,
         )
+        self._pricing = self.config.effective_pricing()
+        self._prices = self._asking() if self._pricing.moves else self.config.prices
         await self._post_offer()
+
+    def _asking(self) -> Prices:
+        return asking_now(
+            self._pricing, self.market, self.selling, self._offer(), self.config.capacity
+        )
+
+    async def _follow_prices(self) -> None:
+        if not self._pricing.moves:
+            return
+
+        def current() -> tuple[Prices, int]:
+            assert self.offer is not None
+            return self.offer.payload.prices, self.offer.issued_ms
+
+        def ask() -> Prices:  # set_offer may have fixed the prices since
+            return self._asking() if self._pricing.moves else self._prices
+
+        async def post(prices: Prices) -> None:
+            self._prices = prices
+            await self._post_offer()
+
+        await follow_prices(self._pricing, self.market, current, ask, post)
 
     async def _refresh_offer(self) -> None:
         while True:
@@ -232,7 +265,6 @@ class Provider:
             job_id=None,
             created_ms=self.market.now_ms(),
         )
-        self.market.record_trade(self._offer(), self.market.now_ms())
         try:
             await stream.send_frame(control(ok=True))
         except NetworkError as exc:

@@ -256,6 +256,8 @@ class JobRequest(_Frozen):
     preemptible: bool = False
     checkpoint_path: AbsPath | None = None
     name: Text | None = None
+    # Trade within this long: the bid starts lower and climbs to max_prices (spec/pricing.md)
+    deadline_ms: Annotated[int, Field(ge=1000, le=30 * 86_400_000)] | None = None
     output_to: Annotated[Text, AfterValidator(_prefix)] | None = None  # s3://bucket/prefix/
     # The secrets the job has (set by the node from ``credentials``; the bid names them).
     secrets: tuple[Literal["registry", "s3"], ...] | None = None

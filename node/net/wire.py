@@ -29,6 +29,8 @@ __all__ = [
     "NEGOTIATE",
     "OFFERS_TOPIC",
     "PING",
+    "TAPE",
+    "TAPE_TOPIC",
     "PeerRefused",
     "control",
     "read_control",
@@ -37,12 +39,14 @@ __all__ = [
 
 OFFERS_TOPIC = "cx/offers/1"
 BIDS_TOPIC = "cx/bids/1"
+TAPE_TOPIC = "cx/tape/1"  # trade prints signed by both parties (protocol/tape.py)
 
 HELLO = ProtocolId("/cx/hello/1")  # addresses: mine and the peers I know
 BOOK = ProtocolId("/cx/book/1")  # the live orders of your book, one frame each
 NEGOTIATE = ProtocolId("/cx/negotiate/1")  # proposal, accept/reject, agreement, ack
 JOB = ProtocolId("/cx/job/1")  # provider to buyer: a status or a receipt, and its answer
 PING = ProtocolId("/cx/ping/1")  # buyer to provider: is my job alive?
+TAPE = ProtocolId("/cx/tape/1")  # the recent trade prints you kept, one frame each
 
 
 class PeerRefused(Exception):

@@ -69,6 +69,9 @@ CREATE TABLE IF NOT EXISTS outbox (
 CREATE TABLE IF NOT EXISTS trusted_aks (
     provider BLOB NOT NULL, ak_name BLOB NOT NULL, PRIMARY KEY (provider, ak_name)
 );
+CREATE TABLE IF NOT EXISTS tape (
+    trade_id BLOB PRIMARY KEY, at_ms INTEGER NOT NULL, wire BLOB NOT NULL
+);
 CREATE TABLE IF NOT EXISTS quarantine (
     id INTEGER PRIMARY KEY AUTOINCREMENT, source TEXT NOT NULL, record TEXT NOT NULL,
     reason TEXT NOT NULL, at_ms INTEGER NOT NULL
@@ -82,6 +85,7 @@ _KEYS = {
     "receipts": "agreement_id",
     "ledger": "agreement_id",
     "outbox": "id",
+    "tape": "trade_id",
 }
 
 
@@ -397,3 +401,16 @@ class Database:
 
     def trusted_aks(self) -> list[tuple[bytes, bytes]]:
         return [(p, n) for p, n in self._rows("SELECT * FROM trusted_aks")]
+
+    # -- the tape: public trade prints (a print lost to a crash is fetched again) ------
+
+    def save_print(self, trade_id: bytes, at_ms: int, wire: bytes) -> None:
+        self._run("INSERT OR IGNORE INTO tape VALUES (?, ?, ?)", (trade_id, at_ms, wire))
+
+    def prints(self, since_ms: int) -> list[tuple[bytes, bytes]]:
+        """``(trade_id, wire)`` of the prints at or after ``since_ms``, oldest first."""
+        sql = "SELECT trade_id, wire FROM tape WHERE at_ms >= ? ORDER BY at_ms"
+        return [(t, w) for t, w in self._rows(sql, (since_ms,))]
+
+    def forget_prints_before(self, at_ms: int) -> None:
+        self._run("DELETE FROM tape WHERE at_ms < ?", (at_ms,))

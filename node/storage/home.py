@@ -10,6 +10,8 @@ Layout (``cx init`` creates it; everything a node owns is under one directory)::
     store/          content-addressed blobs (images, inputs, outputs, logs)
     work/           per-job scratch areas of the executor
     tpm/            this node's swtpm, when it attests with a software TPM
+    ([provider.pricing] and [provider.cost] in config.toml: the pricing policy of each
+    resource and the machine's running cost, spec/pricing.md)
     ([s3] endpoint and region in config.toml: where s3:// inputs and outputs go;
     [store] budget_bytes: the content store's cache budget, least recently used evicted)
     api.json        where the running node's control API listens (written by the node)
@@ -28,10 +30,22 @@ from typing import Any
 from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
 from protocol.messages import Arch, Prices, Resources, TrustLevel
+from protocol.pricing import (
+    MARKET_WINDOW_MS,
+    NO_CEILING,
+    PRICE_FIELDS,
+    REPOST_INTERVAL_MS,
+    REPOST_STEP_PPM,
+    Policy,
+    Pricing,
+    ResourcePricing,
+    cost_floor,
+)
 
 __all__ = [
     "Home",
     "HomeError",
+    "MachineCost",
     "NodeConfig",
     "ProviderConfig",
     "S3Config",
@@ -57,8 +71,22 @@ class HomeError(Exception):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class MachineCost:
+    """What running the machine costs: power at full load and wear (micro-credits)."""
+
+    watts: int
+    kwh_price: int  # micro-credits per kWh
+    depreciation_per_hour: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class ProviderConfig:
-    """What a provider offers: capacity, unit prices (micro-credits) and its trust."""
+    """What a provider offers: capacity, unit prices (micro-credits) and its trust.
+
+    ``prices`` are the configured prices; ``pricing`` says how each moves (every one
+    fixed at ``prices`` when None), and ``cost`` gives the CPU floor a policy may not go
+    under when ``pricing`` states none.
+    """
 
     capacity: Resources
     prices: Prices
@@ -67,10 +95,39 @@ class ProviderConfig:
     tpm: bool = False  # attest with a TPM: ``tcti``, or a swtpm under the home when unset
     tcti: str | None = None
     offer_ttl_ms: int = 3_600_000
+    pricing: Pricing | None = None
+    cost: MachineCost | None = None
 
     @property
     def trust(self) -> tuple[TrustLevel, ...]:
         return (TrustLevel.NONE, TrustLevel.TPM) if self.tpm else (TrustLevel.NONE,)
+
+    def effective_pricing(self) -> Pricing:
+        """The pricing in force: fixed at ``prices`` unless configured, with the CPU floor
+        derived from ``cost`` where no floor is stated."""
+        pricing = self.pricing or Pricing.fixed(self.prices)
+        cpu = pricing.rule("cpu_core_hour")
+        if self.cost is None or cpu.floor:
+            return pricing
+        floor = cost_floor(
+            watts=self.cost.watts,
+            kwh_price=self.cost.kwh_price,
+            depreciation_per_hour=self.cost.depreciation_per_hour,
+            cpu_milli=self.capacity.cpu_milli,
+        )
+        floored = ResourcePricing(
+            policy=cpu.policy,
+            price=cpu.price,
+            floor=min(floor, cpu.ceiling),
+            ceiling=cpu.ceiling,
+            undercut_ppm=cpu.undercut_ppm,
+        )
+        return Pricing(
+            resources={**pricing.resources, "cpu_core_hour": floored},
+            step_ppm=pricing.step_ppm,
+            min_interval_ms=pricing.min_interval_ms,
+            window_ms=pricing.window_ms,
+        )
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -236,6 +293,14 @@ def _parse(doc: dict[str, Any]) -> NodeConfig:
     )
 
 
+def _prices(p: dict[str, Any]) -> Prices:
+    return Prices(
+        cpu_core_hour=int(p["cpu_core_hour"]),
+        memory_gib_hour=int(p.get("memory_gib_hour", 0)),
+        disk_gib_hour=int(p.get("disk_gib_hour", 0)),
+    )
+
+
 def _parse_provider(p: dict[str, Any]) -> ProviderConfig:
     return ProviderConfig(
         capacity=Resources(
@@ -243,16 +308,39 @@ def _parse_provider(p: dict[str, Any]) -> ProviderConfig:
             memory_bytes=int(p["memory_bytes"]),
             disk_bytes=int(p.get("disk_bytes", 0)),
         ),
-        prices=Prices(
-            cpu_core_hour=int(p["cpu_core_hour"]),
-            memory_gib_hour=int(p.get("memory_gib_hour", 0)),
-            disk_gib_hour=int(p.get("disk_gib_hour", 0)),
-        ),
+        prices=(prices := _prices(p)),
         arch=Arch(p.get("arch", "amd64")),
         region=str(p.get("region", "")),
         tpm=bool(p.get("tpm", False)),
         tcti=p.get("tcti"),
         offer_ttl_ms=int(p.get("offer_ttl_ms", 3_600_000)),
+        pricing=_parse_pricing(p["pricing"], prices) if "pricing" in p else None,
+        cost=MachineCost(**{k: int(v) for k, v in p["cost"].items()}) if "cost" in p else None,
+    )
+
+
+def _parse_pricing(doc: dict[str, Any], prices: Prices) -> Pricing:
+    """``[provider.pricing]``: ``step_ppm``, ``min_interval_ms``, ``window_ms``, and one
+    table per price field (``policy``, ``price``, ``floor``, ``ceiling``,
+    ``undercut_ppm``); a field without a table stays fixed at its configured price."""
+    unknown = set(doc) - {"step_ppm", "min_interval_ms", "window_ms"} - {f for f, _ in PRICE_FIELDS}
+    if unknown:
+        raise ValueError(f"[provider.pricing] has unknown keys: {', '.join(sorted(unknown))}")
+    resources = {}
+    for price_field, _ in PRICE_FIELDS:
+        rule = doc.get(price_field, {})
+        resources[price_field] = ResourcePricing(
+            policy=Policy(rule.get("policy", "fixed")),
+            price=int(rule.get("price", getattr(prices, price_field))),
+            floor=int(rule.get("floor", 0)),
+            ceiling=int(rule.get("ceiling", NO_CEILING)),
+            undercut_ppm=int(rule.get("undercut_ppm", 0)),
+        )
+    return Pricing(
+        resources=resources,
+        step_ppm=int(doc.get("step_ppm", REPOST_STEP_PPM)),
+        min_interval_ms=int(doc.get("min_interval_ms", REPOST_INTERVAL_MS)),
+        window_ms=int(doc.get("window_ms", MARKET_WINDOW_MS)),
     )
 
 
@@ -271,6 +359,29 @@ def _value(v: object) -> str:
 def _table(name: str, values: dict[str, object]) -> str:
     lines = [f"[{name}]"] + [f"{k} = {_value(v)}" for k, v in values.items() if v is not None]
     return "\n".join(lines) + "\n"
+
+
+def _render_pricing(p: ProviderConfig) -> list[str]:
+    parts = []
+    if p.pricing is not None:
+        pricing = p.pricing
+        step: dict[str, object] = {"step_ppm": pricing.step_ppm}
+        step["min_interval_ms"] = pricing.min_interval_ms
+        parts.append(_table("provider.pricing", step | {"window_ms": pricing.window_ms}))
+        for price_field, _ in PRICE_FIELDS:
+            rule = p.pricing.rule(price_field)
+            if rule.policy is not Policy.FIXED or rule.price != getattr(p.prices, price_field):
+                values: dict[str, object] = {"policy": rule.policy.value, "price": rule.price}
+                values |= {"floor": rule.floor, "undercut_ppm": rule.undercut_ppm}
+                if rule.ceiling != NO_CEILING:
+                    values["ceiling"] = rule.ceiling
+                parts.append(_table(f"provider.pricing.{price_field}", values))
+    if (cost := p.cost) is not None:
+        values = {"watts": cost.watts, "kwh_price": cost.kwh_price}
+        parts.append(
+            _table("provider.cost", values | {"depreciation_per_hour": cost.depreciation_per_hour})
+        )
+    return parts
 
 
 def _render(c: NodeConfig) -> str:
@@ -307,6 +418,7 @@ def _render(c: NodeConfig) -> str:
                 },
             )
         )
+        parts += _render_pricing(p)
     if c.store_budget_bytes is not None:
         parts.append(_table("store", {"budget_bytes": c.store_budget_bytes}))
     if c.s3 is not None:

@@ -56,9 +56,19 @@ from protocol.messages import (
     Usage,
     UsageReceipt,
 )
+from protocol.pricing import (
+    Policy,
+    Pricing,
+    ResourcePricing,
+    asking,
+    cost_floor,
+    ladder,
+    should_repost,
+)
 from protocol.schema import SignedInt, to_value
 from protocol.secrets import encode_secrets, open_secrets
 from protocol.settlement import charge
+from protocol.tape import Tape, TradePrint, sign_print
 from protocol.usage import Observation, classify
 
 GIB = 1 << 30
@@ -799,6 +809,192 @@ def exit_reasons() -> None:
     write("exit-reasons", "exit_reasons", "spec/content.md#exit-reasons", cases)
 
 
+def pricing() -> None:
+    """pricing.md: what each policy asks, the cost floor, and when an offer is re-posted."""
+    cases: list[dict[str, object]] = []
+    capacity = Resources(cpu_milli=4000, memory_bytes=8 * GIB)
+    rules = [
+        ("fixed", {"policy": "fixed", "price": 90}, 3000, []),
+        ("utilization, empty", {"policy": "utilization", "price": 90, "floor": 50,
+                                "ceiling": 150}, 0, []),
+        ("utilization, three quarters held", {"policy": "utilization", "price": 90,
+                                              "floor": 50, "ceiling": 150}, 3000, []),
+        ("utilization, a third held rounds down", {"policy": "utilization", "price": 90,
+                                                   "floor": 0, "ceiling": 100}, 1333, []),
+        ("utilization, over capacity is full", {"policy": "utilization", "price": 90,
+                                                "floor": 50, "ceiling": 150}, 5000, []),
+        ("market, no prints: the configured price", {"policy": "market", "price": 90,
+                                                     "floor": 10}, 0, []),
+        ("market, lower median of four less 2 %", {"policy": "market", "price": 90,
+                                                   "undercut_ppm": 20_000}, 0,
+         [120, 80, 100, 200]),
+        ("market, never under its floor", {"policy": "market", "price": 90, "floor": 95},
+         0, [60, 70, 80]),
+        ("fixed, clamped into its ceiling", {"policy": "fixed", "price": 300,
+                                             "ceiling": 200}, 0, []),
+    ]  # fmt: skip
+    for name, rule, held_milli, prints in rules:
+        resource = ResourcePricing(
+            **{**rule, "policy": Policy(rule["policy"])}  # type: ignore[arg-type]
+        )
+        got = asking(
+            Pricing(resources={"cpu_core_hour": resource}),
+            held=Resources(cpu_milli=held_milli, memory_bytes=0),
+            capacity=capacity,
+            prints={"cpu_core_hour": prints},
+        )
+        cases.append(
+            {
+                "name": name,
+                "op": "asking",
+                "rule": rule,
+                "held_cpu_milli": held_milli,
+                "capacity_cpu_milli": capacity.cpu_milli,
+                "prints": prints,
+                "cpu_core_hour": got.cpu_core_hour,
+            }
+        )
+    for name, watts, kwh, wear, milli in [
+        ("350 W at 0.30 per kWh, 16 cores", 350, 300_000, 0, 16_000),
+        ("with 0.20 per hour of wear, 8 cores", 200, 250_000, 200_000, 8000),
+        ("rounds up", 1, 1, 0, 3000),
+    ]:
+        floor = cost_floor(watts=watts, kwh_price=kwh, depreciation_per_hour=wear, cpu_milli=milli)
+        cases.append(
+            {
+                "name": f"cost floor: {name}",
+                "op": "cost_floor",
+                "watts": watts,
+                "kwh_price": kwh,
+                "depreciation_per_hour": wear,
+                "cpu_milli": milli,
+                "floor": floor,
+            }
+        )
+    for name, old, new, posted, now in [
+        ("moved 10 %", 100, 110, 0, 10_000),
+        ("moved exactly 5 %: not more than the step", 100, 105, 0, 10_000),
+        ("moved 10 % too soon", 100, 110, 0, 9_999),
+        ("from zero", 0, 1, 0, 10_000),
+        ("unchanged", 100, 100, 0, 60_000),
+    ]:
+        cases.append(
+            {
+                "name": f"re-post: {name}",
+                "op": "should_repost",
+                "old_cpu_core_hour": old,
+                "new_cpu_core_hour": new,
+                "step_ppm": 50_000,
+                "min_interval_ms": 10_000,
+                "posted_ms": posted,
+                "now_ms": now,
+                "repost": should_repost(
+                    Prices(cpu_core_hour=old),
+                    Prices(cpu_core_hour=new),
+                    step_ppm=50_000,
+                    posted_ms=posted,
+                    now_ms=now,
+                    min_interval_ms=10_000,
+                ),
+            }
+        )
+    for at in (0, 149_999, 150_000, 449_999, 450_000, 600_000, 900_000):
+        rung = ladder(
+            Prices(cpu_core_hour=120_000_000, memory_gib_hour=10_000_000),
+            created_ms=T0,
+            deadline_ms=600_000,
+            now_ms=T0 + at,
+        )
+        cases.append(
+            {
+                "name": f"ladder: {at} ms into a 10-minute deadline",
+                "op": "ladder",
+                "max_prices": {"cpu_core_hour": 120_000_000, "memory_gib_hour": 10_000_000},
+                "created_ms": T0,
+                "deadline_ms": 600_000,
+                "now_ms": T0 + at,
+                "limit": {
+                    "cpu_core_hour": rung.limit.cpu_core_hour,
+                    "memory_gib_hour": rung.limit.memory_gib_hour,
+                },
+                "next_rise_ms": rung.next_rise_ms,
+            }
+        )
+    write("pricing", "pricing", "spec/pricing.md#test-vectors", cases)
+
+
+def sample_print(at_ms: int = T0) -> TradePrint:
+    return TradePrint(
+        trade_id=hashlib.sha256(b"cx/trade-id/v1\x00" + bytes(32)).digest(),
+        resource_class="amd64/cpu/eu",
+        prices=Prices(cpu_core_hour=90_000_000, memory_gib_hour=9_000_000),
+        resources=Resources(cpu_milli=1000, memory_bytes=GIB),
+        at_ms=at_ms,
+        buyer=PrivateKey.from_seed(seed("alice")).public_key.raw,
+        provider=PrivateKey.from_seed(seed("bob")).public_key.raw,
+    )
+
+
+def tape() -> None:
+    """tape.md: a print's bytes and signatures, and what admission refuses."""
+    alice, bob = PrivateKey.from_seed(seed("alice")), PrivateKey.from_seed(seed("bob"))
+    trade = sample_print()
+    raw = encode(to_value(trade))
+    buyer_sig, provider_sig = sign_print(alice, trade), sign_print(bob, trade)
+
+    def wire(print_bytes: bytes, b: bytes, p: bytes) -> bytes:
+        return encode({"print": print_bytes, "buyer_sig": b, "provider_sig": p})
+
+    good = wire(raw, buyer_sig, provider_sig)
+    cases: list[dict[str, object]] = [
+        {
+            "name": "a print signed by both parties",
+            "valid": True,
+            "trade": to_json(to_value(trade)),
+            "print_hex": raw.hex(),
+            "wire": good.hex(),
+            "now_ms": T0,
+        }
+    ]
+    selfish = replace(trade, provider=trade.buyer)
+    selfish_raw = encode(to_value(selfish))
+    invalid = [
+        ("the buyer's signature forged", wire(raw, bytes(64), provider_sig), T0),
+        ("one signature: the provider's twice", wire(raw, provider_sig, provider_sig), T0),
+        ("a price changed after signing",
+         wire(encode(to_value(replace(trade, prices=Prices(cpu_core_hour=1)))), buyer_sig,
+              provider_sig), T0),
+        ("buyer and provider the same key",
+         wire(selfish_raw, sign_print(alice, selfish), sign_print(alice, selfish)), T0),
+        ("older than the tape keeps (a day)", good, T0 + 86_400_001),
+        ("from the future (more than 30 s ahead)", good, T0 - 30_001),
+        ("a signature missing", encode({"print": raw, "buyer_sig": buyer_sig}), T0),
+    ]  # fmt: skip
+    for name, data, now in invalid:
+        cases.append(
+            {
+                "name": name,
+                "valid": False,
+                "wire": data.hex(),
+                "now_ms": now,
+                "error": reason_of(data, lambda w, now=now: Tape().admit(w, now_ms=now)),
+            }
+        )
+    tape_ = Tape()
+    tape_.admit(good, now_ms=T0)
+    cases.append(
+        {
+            "name": "the same print again",
+            "valid": False,
+            "wire": good.hex(),
+            "now_ms": T0,
+            "replay": True,
+            "error": reason_of(good, lambda w: tape_.admit(w, now_ms=T0)),
+        }
+    )
+    write("tape", "tape", "spec/tape.md#test-vectors", cases)
+
+
 if __name__ == "__main__":
     encoding()
     identity()
@@ -808,3 +1004,5 @@ if __name__ == "__main__":
     limits()
     exit_reasons()
     sealed_secrets()
+    pricing()
+    tape()

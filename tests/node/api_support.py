@@ -42,7 +42,7 @@ class FakeController:
 
     def __init__(self) -> None:
         self.views: dict[str, dict] = {}
-        self.history: dict[str, list[dict]] = {}
+        self.job_events: dict[str, list[dict]] = {}
         self.stdout: dict[str, str] = {}
         self.submitted: list[dict] = []
         self.script: list[tuple[str, dict]] = []  # applied to the next submitted job
@@ -57,13 +57,13 @@ class FakeController:
 
     def add_job(self, job_id: str, stdout: str = "", **fields) -> dict:
         self.views[job_id] = job_view(job_id, **fields)
-        self.history[job_id] = []
+        self.job_events[job_id] = []
         self.stdout[job_id] = stdout
         self.advance(job_id, self.views[job_id]["state"])
         return self.views[job_id]
 
     def advance(self, job_id: str, state: str, detail: str = "", **fields) -> None:
-        events = self.history[job_id]
+        events = self.job_events[job_id]
         at_ms = NOW_MS + 1000 * len(events)
         events.append({"seq": len(events) + 1, "at_ms": at_ms, "state": state, "detail": detail})
         self.views[job_id].update(state=state, detail=detail, updated_ms=at_ms, **fields)
@@ -160,13 +160,25 @@ class FakeController:
                     "offers": 4,
                     "bids": 2,
                     "best_cpu_core_hour": 900_000,
-                    "last_prices": [1_000_000, 950_000],
+                    "best_memory_gib_hour": 100_000,
+                    "best_bid_cpu_core_hour": 1_200_000,
+                    "last_cpu_core_hour": 950_000,
+                    "last_memory_gib_hour": 100_000,
+                    "volume": 3,
+                    "volume_cpu_milli": 2500,
+                    "last_prices": [900_000, 1_000_000, 950_000],
                 },
                 {
                     "class": "arm64-gpu",
                     "offers": 1,
                     "bids": 0,
                     "best_cpu_core_hour": None,
+                    "best_memory_gib_hour": None,
+                    "best_bid_cpu_core_hour": None,
+                    "last_cpu_core_hour": None,
+                    "last_memory_gib_hour": None,
+                    "volume": 0,
+                    "volume_cpu_milli": 0,
                     "last_prices": [],
                 },
             ],
@@ -176,9 +188,25 @@ class FakeController:
                     "class": "amd64-small",
                     "cpu_core_hour": 950_000,
                     "memory_gib_hour": 100_000,
+                    "cpu_milli": 500,
+                    "memory_bytes": 1 << 27,
+                    "buyer": "12D3KooWBuyer",
+                    "provider": PEER_A,
                 }
             ],
             "rejected_gossip": {},
+        }
+
+    def history(self, interval_ms: int, since_ms: int, price_field: str) -> dict:
+        start = NOW_MS - NOW_MS % interval_ms
+        candle = {"start_ms": start, "open": 900_000, "high": 1_000_000, "low": 900_000,
+                  "close": 950_000, "trades": 3, "cpu_milli": 2500}  # fmt: skip
+        return {
+            "interval_ms": interval_ms,
+            "field": price_field,
+            "classes": [
+                {"class": "amd64-small", "candles": [candle] if since_ms <= NOW_MS else []}
+            ],
         }
 
     def ledger(self) -> dict:
@@ -207,4 +235,4 @@ class FakeController:
         raise ApiError(400, "ambiguous-job", f"{job_id} matches {len(matches)} jobs")
 
     def _after(self, job_id: str, after: int) -> list[dict]:
-        return [e for e in self.history[job_id] if e["seq"] > after]
+        return [e for e in self.job_events[job_id] if e["seq"] > after]

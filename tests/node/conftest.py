@@ -7,6 +7,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import trio.testing
 from executor_support import searchable_dir
 
 from node.storage.image import busybox_entries, write_layout
@@ -19,3 +20,11 @@ def image_layout() -> Iterator[Path]:
     write_layout(root / "layout", [busybox_entries()])
     yield root / "layout"
     shutil.rmtree(root, ignore_errors=True)
+
+
+@pytest.fixture
+def clock() -> trio.testing.MockClock:
+    """trio's MockClock, for a test that asks for it (pytest-trio runs the test on it). It
+    jumps only after the loop has been idle this long in real time, so a worker thread
+    (store I/O) finishing is never mistaken for a market with nothing left to do."""
+    return trio.testing.MockClock(autojump_threshold=0.005)

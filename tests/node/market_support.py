@@ -16,6 +16,7 @@ from typing import Any
 import pytest
 import trio
 from executor_support import searchable_dir
+from fake_runner import FakeRunner
 
 from node.api import views
 from node.clock import Clock, Timings
@@ -27,6 +28,7 @@ from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
 from node.storage.image import import_image
 from node.storage.store import BlobStore
 from protocol.messages import Arch, Prices, Resources
+from protocol.pricing import Pricing
 
 BOUND = 30  # seconds: generous for a loaded CI machine, never a timing assertion
 # The same under MockClock: virtual time passes at once, but each timer tick of the nodes
@@ -35,6 +37,7 @@ VIRTUAL_BOUND = 3600
 MiB = 1 << 20
 PRICE = 90_000_000  # micro-credits per core-hour, the usual provider's
 MEM_PRICE = 9_000_000
+T0 = 1_800_000_000_000  # protocol time at the start of every virtual run
 
 
 @dataclass
@@ -91,6 +94,7 @@ class Cluster:
         price: int | None = None,
         cpu_milli: int = 2000,
         offer_ttl_ms: int = 3_600_000,
+        pricing: Pricing | None = None,
     ) -> Home:
         provider = None
         if price is not None:
@@ -101,6 +105,7 @@ class Cluster:
                 prices=Prices(cpu_core_hour=price, memory_gib_hour=MEM_PRICE),
                 arch=Arch.AMD64,
                 offer_ttl_ms=offer_ttl_ms,
+                pricing=pricing,
             )
         return init_home(self.root / name, NodeConfig(provider=provider))
 
@@ -153,6 +158,19 @@ async def cluster(image_layout: Path, **options: Any) -> AsyncIterator[Cluster]:
         shutil.rmtree(root, ignore_errors=True)
 
 
+def virtual(
+    image_layout: Path, runners: dict[Path, FakeRunner]
+) -> contextlib.AbstractAsyncContextManager[Cluster]:
+    """A cluster on protocol time T0 whose providers run jobs on fake runners, kept in
+    ``runners`` by home."""
+
+    def runner(home: Home) -> FakeRunner:
+        made = runners[home.root] = FakeRunner(BlobStore(home.store_root))
+        return made
+
+    return cluster(image_layout, epoch_ms=T0, runner=runner)
+
+
 async def submit(
     node: Node, image: str, script: str, *, price: int = 100_000_000, **fields: Any
 ) -> dict[str, Any]:
@@ -160,10 +178,7 @@ async def submit(
         image=image,
         command=("sh", "-c", script),
         max_prices={"cpu_core_hour": price, "memory_gib_hour": 10_000_000},
-        cpu_milli=500,
-        memory_bytes=64 * MiB,
-        wall_ms=60_000,
-        **fields,
+        **{"cpu_milli": 500, "memory_bytes": 64 * MiB, "wall_ms": 60_000, **fields},
     )
     return views.job(await node.peer.submit(request))
 
@@ -178,7 +193,7 @@ def ledger(node: Node) -> dict[str, Any]:
 
 def market(node: Node) -> dict[str, Any]:
     m = node.peer.market
-    return views.market(m.trader.book, m.trades, m.rejected, m.now_ms())
+    return views.market(m.trader.book, list(m.tape.prints()), m.rejected, m.now_ms())
 
 
 async def until(what: Callable[[], Any], *nodes: Node) -> Any:

@@ -131,12 +131,21 @@ async def test_market_ledger_peers(node, cx):
     code, out, _ = await cx("market")
     assert code == 0
     lines = out.splitlines()
-    assert lines[0] == "book: 5 offer(s), 2 bid(s)"
-    assert lines[3].split() == ["amd64-small", "4", "2", "0.90", "1.00", "0.95"]
-    assert lines[4].split() == ["arm64-gpu", "1", "0", "-", "-"]
+    assert lines[0].startswith("book: 5 offer(s), 2 bid(s); CPU prices per core-hour")
+    # class, offers, bids, best bid, best offer, last, memory offer, trades, chart
+    assert lines[3].split() == ["amd64-small", "4", "2", "1.20", "0.90", "0.95", "0.10", "3", "▁█▄"]
+    assert lines[4].split() == ["arm64-gpu", "1", "0", "-", "-", "-", "-", "0", "-"]
     assert lines[-1].split()[1:] == ["amd64-small", "0.95", "0.10"]
     code, out, _ = await cx("market", "--json")
     assert json.loads(out) == node[0].market()
+
+    code, out, _ = await cx("market", "history", "--interval", "5m", "--json")
+    assert code == 0
+    history = json.loads(out)
+    assert history["interval_ms"] == 300_000
+    assert history["classes"][0]["candles"][0]["close"] == 950_000
+    code, out, _ = await cx("market", "history")
+    assert out.splitlines()[1].split()[2:] == ["0.90", "1.00", "0.90", "0.95", "3"]
 
     code, out, _ = await cx("ledger")
     assert code == 0

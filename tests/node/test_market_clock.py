@@ -9,16 +9,12 @@ second, and the tests say exactly how many heartbeats a vanished provider gets.
 
 from __future__ import annotations
 
-from contextlib import AbstractAsyncContextManager
 from pathlib import Path
 
-import pytest
 import trio
 from fake_runner import FakeRunner
 from market_support import (
     PRICE,
-    Cluster,
-    cluster,
     events,
     finished,
     ledger,
@@ -26,34 +22,11 @@ from market_support import (
     state,
     submit,
     until,
+    virtual,
 )
 
 from node.clock import Timings
-from node.storage.home import Home
-from node.storage.store import BlobStore
 from protocol.messages import Prices
-
-T0 = 1_800_000_000_000  # protocol time at the start of every run
-
-
-@pytest.fixture
-def clock() -> trio.testing.MockClock:
-    # Jump only after the loop has been idle this long in real time, so a worker thread
-    # (store I/O) finishing is never mistaken for a market with nothing left to do.
-    return trio.testing.MockClock(autojump_threshold=0.005)
-
-
-def virtual(
-    image_layout: Path, runners: dict[Path, FakeRunner]
-) -> AbstractAsyncContextManager[Cluster]:
-    """A cluster on protocol time T0 whose providers run jobs on fake runners, kept in
-    ``runners`` by home."""
-
-    def runner(home: Home) -> FakeRunner:
-        made = runners[home.root] = FakeRunner(BlobStore(home.store_root))
-        return made
-
-    return cluster(image_layout, epoch_ms=T0, runner=runner)
 
 
 async def test_a_vanished_provider_is_at_fault_after_three_silent_heartbeats(
