@@ -4,9 +4,9 @@ Each node has its own home (key, config, SQLite, store) and, for a provider that
 its own swtpm; the software TPMs' EK certificates come from one local CA the buyers trust.
 The first provider is everyone's bootstrap peer; the rest find each other by hello.
 :class:`Testnet` drives them through the same control API the CLI uses, so a test can
-kill a node (``kill -9``) mid-job and restart it on its home, and ``cx testnet`` runs
-:data:`WORKLOAD` and checks that nothing was lost: every job reached the outcome it should,
-every receipt is in both ledgers, and the balances sum to zero.
+kill a node (``kill -9``) mid-job and restart it on its home, and ``cx testnet`` runs a
+scenario (node/workload.py) and checks that nothing was lost: every job reached the outcome
+it should, every receipt is in both ledgers, and the balances sum to zero.
 """
 
 from __future__ import annotations
@@ -30,7 +30,16 @@ from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
 from node.storage.image import build_rootfs, host_arch, import_image
 from node.storage.store import BlobStore
 from node.tpm import swtpm
-from node.workload import WORKLOAD, JobPlan, Verdict, is_done, judge, provider_config, request_for
+from node.workload import (
+    SCENARIOS,
+    JobPlan,
+    Scenario,
+    Verdict,
+    is_done,
+    judge,
+    provider_config,
+    request_for,
+)
 
 __all__ = ["Node", "Testnet"]
 
@@ -66,13 +75,18 @@ class Testnet:
         *,
         work: Path | None = None,
         tpm: bool | None = None,
+        scenario: Scenario = SCENARIOS["demo"],
     ) -> None:
-        """``tpm``: give the first provider a swtpm (None: when swtpm is installed)."""
+        """``tpm``: give the first provider a swtpm (None: when swtpm is installed and the
+        scenario has attested jobs)."""
         self.owned = work is None
         self.root = Path(tempfile.mkdtemp(prefix="cx-testnet-")) if work is None else work
         self.root.mkdir(parents=True, exist_ok=True)
         self.root.chmod(0o711)  # containers run under a mapped uid and traverse the homes
-        self.tpm = shutil.which("swtpm") is not None if tpm is None else tpm
+        if tpm is None:
+            tpm = scenario.needs_tpm and shutil.which("swtpm") is not None
+        self.tpm = tpm
+        self.scenario = scenario
         self.nodes: list[Node] = []
         self.provider_count = providers
         self.buyer_count = buyers
@@ -94,7 +108,9 @@ class Testnet:
         roots = (str(ca / "swtpm-localca-rootca-cert.pem"),) if self.tpm else ()
         for i in range(self.provider_count):
             attests = self.tpm and i == 0
-            name, config = provider_config(i, host_arch(), tpm=attests)
+            name, config = provider_config(
+                i, host_arch(), tpm=attests, pricing=self.scenario.pricing(i)
+            )
             node = self._make(name, roots, provider=config)
             if attests:
                 progress(f"manufacturing a software TPM for {node.name}")
@@ -207,22 +223,27 @@ class Testnet:
 
     def run(
         self,
-        workload: tuple[JobPlan, ...] = WORKLOAD,
         *,
         timeout_s: float = 120.0,
         progress: Callable[[list[dict[str, Any]]], None] = lambda _: None,
     ) -> Verdict:
-        """Submit ``workload``, follow it to the end, and check everything that must hold."""
-        plans = [p for p in workload if self.tpm or p.trust == "none"]
-        ids = [self.submit(p) for p in plans]
+        """Submit the scenario's workload phase by phase, follow it to the end, and check
+        everything that must hold."""
         deadline = time.monotonic() + timeout_s
-        while True:
-            views = [self._view(p, i) for p, i in zip(plans, ids, strict=True)]
-            progress(views)
-            if all(is_done(v) for v in views) or time.monotonic() > deadline:
-                break
-            time.sleep(POLL_S * 2)
-        verdict = Verdict(jobs=views)
+        plans: list[JobPlan] = []
+        ids: list[str] = []
+        views: list[dict[str, Any]] = []
+        for phase in self.scenario.phases():
+            phase = [p for p in phase if self.tpm or p.trust == "none"]
+            plans += phase
+            ids += [self.submit(p) for p in phase]
+            while True:
+                views = [self._view(p, i) for p, i in zip(plans, ids, strict=True)]
+                progress(views)
+                if all(is_done(v) for v in views) or time.monotonic() > deadline:
+                    break
+                time.sleep(POLL_S * 2)
+        verdict = Verdict(jobs=views, trades=self.buyers[0].api().trades())
         for view in views:
             if view["expect"] == "unmatched":
                 buyer = self.buyers[view["plan_buyer"]]
@@ -247,3 +268,5 @@ class Testnet:
         """Outcomes as planned; each receipt in both ledgers; balances that sum to zero."""
         verdict.ledgers = {n.name: n.api().ledger() for n in self.nodes if n.client is not None}
         judge(verdict, {n.peer_id: n.name for n in self.nodes})
+        for check in self.scenario.checks:
+            check(verdict)

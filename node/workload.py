@@ -1,14 +1,23 @@
-"""The demo market's scenario and its judgement, shared by ``cx testnet`` (node processes
+"""The testnet's scenarios and their judgement, shared by ``cx testnet`` (node processes
 over libp2p) and ``cx demo`` (the same nodes in one process over the in-memory network).
 
-A scenario is providers (:data:`PROVIDERS`: region and price) and a workload of jobs
-(:data:`WORKLOAD`), each with the outcome it must reach. :func:`judge` then checks what the
-nodes report through the control API's JSON views: every job reached its planned outcome,
-every receipt is held alike by its payer and its payee, and the balances sum to zero.
+A scenario is providers (:data:`PROVIDERS`: region and price; a pricing policy) and a
+workload of jobs in phases, each job with the outcome it must reach; a phase starts when
+the one before it is done. :func:`judge` then checks what the nodes report through the
+control API's JSON views: every job reached its planned outcome, every receipt is held
+alike by its payer and its payee, the balances sum to zero, and the scenario's own checks
+hold (the surge's prices rose and fell).
+
+- ``demo`` (:data:`WORKLOAD`): mixed resources, regions, trust, a failure and bids that
+  must not match, at fixed prices.
+- ``surge``: demand rises above supply and falls again, with providers pricing by
+  utilization or by the tape.
 """
 
 from __future__ import annotations
 
+import statistics
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -16,11 +25,14 @@ from node.market.buyer import FINAL_STATES
 from node.market.request import JobRequest, build_request
 from node.storage.home import ProviderConfig
 from protocol.messages import Arch, Prices, Resources
+from protocol.pricing import Policy, Pricing, ResourcePricing
 
 __all__ = [
     "PROVIDERS",
+    "SCENARIOS",
     "WORKLOAD",
     "JobPlan",
+    "Scenario",
     "Verdict",
     "is_done",
     "judge",
@@ -46,6 +58,8 @@ class JobPlan:
     regions: tuple[str, ...] = ()
     arch: str | None = None
     trust: str = "none"
+    phase: str = ""  # jobs of one phase are submitted together, after the phase before
+    max_memory_price: int = 10_000_000
 
 
 WORKLOAD: tuple[JobPlan, ...] = (
@@ -74,7 +88,9 @@ PROVIDERS = (  # region, CPU price per core-hour (micro-credits)
 )
 
 
-def provider_config(index: int, arch: str, *, tpm: bool = False) -> tuple[str, ProviderConfig]:
+def provider_config(
+    index: int, arch: str, *, tpm: bool = False, pricing: Pricing | None = None
+) -> tuple[str, ProviderConfig]:
     """The name and configuration of the scenario's provider number ``index``."""
     region, price = PROVIDERS[index % len(PROVIDERS)]
     config = ProviderConfig(
@@ -83,6 +99,7 @@ def provider_config(index: int, arch: str, *, tpm: bool = False) -> tuple[str, P
         arch=Arch(arch),
         region=region,
         tpm=tpm,
+        pricing=pricing,
     )
     return f"prov-{region}{index // len(PROVIDERS) or ''}", config
 
@@ -94,7 +111,7 @@ def request_for(plan: JobPlan, image: str) -> JobRequest:
         cpu_milli=plan.cpu_milli,
         memory_bytes=plan.memory_bytes,
         wall_ms=120_000,
-        max_prices={"cpu_core_hour": plan.max_cpu_price, "memory_gib_hour": 10_000_000},
+        max_prices={"cpu_core_hour": plan.max_cpu_price, "memory_gib_hour": plan.max_memory_price},
         regions=plan.regions,
         arch=plan.arch,
         trust=plan.trust,
@@ -108,6 +125,7 @@ class Verdict:
 
     jobs: list[dict[str, Any]] = field(default_factory=list)  # job views, with the plan's
     ledgers: dict[str, dict[str, Any]] = field(default_factory=dict)  # node name -> ledger
+    trades: list[dict[str, Any]] = field(default_factory=list)  # the tape, as a node kept it
     problems: list[str] = field(default_factory=list)
 
     @property
@@ -145,3 +163,96 @@ def judge(verdict: Verdict, names: dict[str, str]) -> None:
     total = sum(ledger["balance"] for ledger in verdict.ledgers.values())
     if total != 0:
         verdict.problems.append(f"balances sum to {total}, not zero")
+
+
+# -- scenarios ------------------------------------------------------------------------
+
+
+@dataclass(frozen=True, slots=True)
+class Scenario:
+    name: str
+    summary: str
+    plans: tuple[JobPlan, ...]
+    pricing: Callable[[int], Pricing | None] = lambda index: None  # provider index -> policy
+    checks: tuple[Callable[[Verdict], None], ...] = ()
+
+    def phases(self) -> list[list[JobPlan]]:
+        """The plans grouped by phase, in the order the phases first appear."""
+        grouped: dict[str, list[JobPlan]] = {}
+        for plan in self.plans:
+            grouped.setdefault(plan.phase, []).append(plan)
+        return list(grouped.values())
+
+    @property
+    def needs_tpm(self) -> bool:
+        return any(plan.trust != "none" for plan in self.plans)
+
+
+SURGE_FLOOR, SURGE_CEILING = 50_000_000, 150_000_000
+
+
+def _surge_pricing(index: int) -> Pricing:
+    """Every other provider follows its utilization, the rest the tape (2 % under it)."""
+    policy = Policy.MARKET if index % 2 else Policy.UTILIZATION
+    cpu = ResourcePricing(
+        policy=policy,
+        price=SURGE_FLOOR,
+        floor=SURGE_FLOOR,
+        ceiling=SURGE_CEILING,
+        undercut_ppm=20_000,
+    )
+    memory = ResourcePricing(price=9_000_000)
+    return Pricing(
+        resources={"cpu_core_hour": cpu, "memory_gib_hour": memory},
+        min_interval_ms=1000,
+        window_ms=60_000,
+    )
+
+
+def _surge_plans() -> tuple[JobPlan, ...]:
+    def wave(phase: str, count: int, seconds: int) -> list[JobPlan]:
+        return [
+            JobPlan(
+                f"{phase}-{i + 1}",
+                i,
+                f"sleep {seconds}; echo {phase} > /out/done",
+                "succeeded",
+                max_cpu_price=200_000_000,
+                phase=phase,
+            )
+            for i in range(count)
+        ]
+
+    return tuple(wave("before", 2, 1) + wave("surge", 16, 3) + wave("after", 2, 1))
+
+
+def _prices_rose_and_fell(verdict: Verdict) -> None:
+    """The CPU prices the surge's jobs paid are above those before it, and those after it
+    are below the surge's highest."""
+    paid: dict[str, list[int]] = {}
+    for view in verdict.jobs:
+        if view.get("price"):
+            paid.setdefault(view["plan"].split("-")[0], []).append(view["price"]["cpu_core_hour"])
+    before, surge, after = (paid.get(p, []) for p in ("before", "surge", "after"))
+    if not (before and surge and after):
+        verdict.problems.append("a phase of the surge traded nothing")
+        return
+    if statistics.median(surge) <= max(before):
+        verdict.problems.append(
+            f"prices did not rise in the surge: before {before}, surge median "
+            f"{statistics.median(surge)}"
+        )
+    if max(after) >= max(surge):
+        verdict.problems.append(f"prices did not fall after the surge: after {after}")
+
+
+SCENARIOS = {
+    "demo": Scenario("demo", "mixed jobs at fixed prices, some meant to fail", WORKLOAD),
+    "surge": Scenario(
+        "surge",
+        "demand rises above supply and falls again; prices follow utilization and the tape",
+        _surge_plans(),
+        pricing=_surge_pricing,
+        checks=(_prices_rose_and_fell,),
+    ),
+}

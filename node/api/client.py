@@ -124,6 +124,9 @@ class ApiClient:
     def market(self) -> Json:
         return self._object("GET", "/v1/market")
 
+    def trades(self, since_ms: int = 0) -> list[Json]:
+        return self._list("GET", f"/v1/market/trades?since_ms={since_ms}")
+
     def history(self, *, interval_ms: int, since_ms: int = 0, field: str = "cpu_core_hour") -> Json:
         query = urlencode({"interval_ms": interval_ms, "since_ms": since_ms, "field": field})
         return self._object("GET", f"/v1/market/history?{query}")

@@ -105,6 +105,9 @@ class NodeController:
         m = self.peer.market
         return views.market(m.trader.book, list(m.tape.prints()), m.rejected, m.now_ms())
 
+    def trades(self, since_ms: int) -> list[Json]:
+        return [views.trade_print(t) for t in self.peer.market.tape.prints(since_ms=since_ms)]
+
     def history(self, interval_ms: int, since_ms: int, price_field: str) -> Json:
         prints = list(self.peer.market.tape.prints(since_ms=since_ms))
         return views.history(prints, interval_ms=interval_ms, price_field=price_field)

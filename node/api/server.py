@@ -39,6 +39,8 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
                                   -> [WrittenView], the files written under dest
     POST /v1/jobs/{id}/cancel     JobView
     GET  /v1/market               MarketView
+    GET  /v1/market/trades?since_ms=T
+                                  [TradeView]: the tape's prints, oldest first
     GET  /v1/market/history?interval_ms=N&since_ms=T&field=F
                                   HistoryView: OHLC candles of the tape per class
     GET  /v1/ledger               LedgerView
@@ -110,6 +112,8 @@ class Controller(Protocol):
     async def cancel(self, job_id: str) -> Json: ...
 
     def market(self) -> Json: ...
+
+    def trades(self, since_ms: int) -> list[Json]: ...
 
     def history(self, interval_ms: int, since_ms: int, price_field: str) -> Json: ...
 
@@ -231,6 +235,10 @@ def _routes(app: FastAPI, c: Controller) -> None:
     @app.get("/v1/market", response_model=models.MarketView)
     async def market() -> Json:
         return c.market()
+
+    @app.get("/v1/market/trades", response_model=list[models.TradeView])
+    async def trades(since_ms: Annotated[int, Query(ge=0, le=_INT_MAX)] = 0) -> list[Json]:
+        return c.trades(since_ms)
 
     @app.get("/v1/market/history", response_model=models.HistoryView)
     async def history(

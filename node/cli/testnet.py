@@ -10,8 +10,9 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.common import credits, print_json, table
+from node.cli.market import sparkline
 from node.testnet import Testnet
-from node.workload import Verdict
+from node.workload import SCENARIOS, Verdict
 
 EXIT_LOST = 1
 
@@ -31,6 +32,12 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         ),
     )
     add_market_arguments(parser)
+    parser.add_argument(
+        "--scenario",
+        choices=sorted(SCENARIOS),
+        default="demo",
+        help="; ".join(f"{s.name}: {s.summary}" for s in SCENARIOS.values()) + " (default demo)",
+    )
     parser.add_argument(
         "--no-tpm", action="store_true", help="no software TPM (skips the attested job)"
     )
@@ -57,6 +64,7 @@ def report(verdict: Verdict, *, as_json: bool, started: float) -> int:
                 "problems": verdict.problems,
                 "jobs": verdict.jobs,
                 "ledgers": verdict.ledgers,
+                "trades": verdict.trades,
             }
         )
     else:
@@ -74,7 +82,13 @@ def _run(args: argparse.Namespace) -> int:
         if not args.json:
             print(line, file=sys.stderr, flush=True)
 
-    net = Testnet(args.providers, args.buyers, work=args.work, tpm=False if args.no_tpm else None)
+    net = Testnet(
+        args.providers,
+        args.buyers,
+        work=args.work,
+        tpm=False if args.no_tpm else None,
+        scenario=SCENARIOS[args.scenario],
+    )
     progress = progress_printer(started, quiet=args.json)
 
     try:
@@ -132,6 +146,13 @@ def render(verdict: Verdict, elapsed_s: float) -> str:
     )
     total = sum(ledger["balance"] for ledger in verdict.ledgers.values())
     lines = [jobs, ""]
+    if prices := [t["cpu_core_hour"] for t in verdict.trades]:
+        lines += [
+            f"tape: {len(prices)} trades, CPU price per core-hour from {credits(prices[0])} "
+            f"to {credits(prices[-1])}, {credits(min(prices))}..{credits(max(prices))}: "
+            f"{sparkline(prices)}",
+            "",
+        ]
     lines += [f"  {v['plan']}: {v['why']}" for v in verdict.jobs if v.get("why")]
     lines += [
         "",

@@ -197,6 +197,9 @@ class FakeController:
             "rejected_gossip": {},
         }
 
+    def trades(self, since_ms: int) -> list[dict]:
+        return self.market()["recent_trades"] if since_ms <= NOW_MS else []
+
     def history(self, interval_ms: int, since_ms: int, price_field: str) -> dict:
         start = NOW_MS - NOW_MS % interval_ms
         candle = {"start_ms": start, "open": 900_000, "high": 1_000_000, "low": 900_000,

@@ -329,6 +329,7 @@ async def test_the_openapi_document_describes_every_route(server):
         "/v1/jobs/{job_id}/cancel",
         "/v1/market",
         "/v1/market/history",
+        "/v1/market/trades",
         "/v1/ledger",
     }
     body = paths["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]

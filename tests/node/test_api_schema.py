@@ -85,6 +85,7 @@ OPERATIONS = [
     ("POST", "/v1/jobs/{job_id}/cancel"),
     ("GET", "/v1/market"),
     ("GET", "/v1/market/history"),
+    ("GET", "/v1/market/trades"),
     ("GET", "/v1/ledger"),
 ]
 

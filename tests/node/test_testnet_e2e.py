@@ -17,8 +17,9 @@ import pytest
 from executor_support import searchable_dir
 
 from node.api.client import ApiClient
+from node.storage.image import host_arch
 from node.testnet import Testnet
-from node.workload import WORKLOAD, JobPlan
+from node.workload import SCENARIOS, JobPlan
 
 pytestmark = pytest.mark.integration
 
@@ -77,7 +78,7 @@ def test_default_workload_settles_everywhere(root: Path) -> None:
     TPM quote from a provider's swtpm, and every ledger agrees."""
     with Testnet(3, 2, work=root) as net:
         net.start()
-        verdict = net.run(WORKLOAD, timeout_s=90)
+        verdict = net.run(timeout_s=90)
     assert verdict.problems == []
     states = {v["plan"]: v["state"] for v in verdict.jobs}
     assert states["attested"] == "succeeded"
@@ -85,6 +86,25 @@ def test_default_workload_settles_everywhere(root: Path) -> None:
     assert sum(ledger["balance"] for ledger in verdict.ledgers.values()) == 0
     paid = [e for ledger in verdict.ledgers.values() for e in ledger["entries"]]
     assert len(paid) == 2 * 6  # six settled jobs, each in its buyer's and provider's ledger
+
+
+def test_surge_prices_rise_with_demand_and_fall_after(root: Path) -> None:
+    """``cx testnet --scenario surge``: sixteen jobs at once on two providers' four cores,
+    between two quiet phases. Every job settles; the tape every node keeps shows the CPU
+    price rising above the quiet phases' during the surge and falling back after it."""
+    with Testnet(2, 2, work=root, scenario=SCENARIOS["surge"]) as net:
+        net.start()
+        verdict = net.run(timeout_s=240)
+    assert verdict.problems == []  # includes the scenario's own check of the prices
+    assert {v["state"] for v in verdict.jobs} == {"succeeded"}
+    prices = [t["cpu_core_hour"] for t in verdict.trades]
+    assert len(prices) == len(verdict.jobs) == 20
+    assert prices[0] == prices[-1] == 50_000_000  # quiet: at the floor
+    assert max(prices) > 50_000_000
+    assert {t["class"] for t in verdict.trades} == {
+        f"{host_arch()}/cpu/eu",
+        f"{host_arch()}/cpu/us",
+    }
 
 
 def test_provider_killed_mid_job_is_replaced_and_unpaid(testnet: Testnet) -> None:
