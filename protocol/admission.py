@@ -32,6 +32,7 @@ DEFAULT_MAX_LIFETIME_MS = MappingProxyType(
         "accept": _HOUR,
         "reject": _HOUR,
         "job-status": _HOUR,
+        "invitation": _HOUR,
         "usage-receipt": 30 * 24 * _HOUR,
         # TPM enrolment is one live exchange (spec/attestation.md §3.1)
         "enrolment": 10 * _MINUTE,

@@ -198,6 +198,30 @@ class OrderBook:
         self._rest(order.id, order.expires_ms, active)
         return self.rematch(order.id, now_ms=now_ms, reputation=reputation)
 
+    def fits(
+        self, bid_id: MessageId, offer_id: MessageId, *, reputation: Reputation = _NO_REPUTATION
+    ) -> bool:
+        """Could the resting bid trade on the offer now (every constraint, capacity and
+        price included)?"""
+        bid, offer = self.bids.get(bid_id), self.offers.get(offer_id)
+        return bid is not None and offer is not None and _fits(bid.bid, offer, reputation)
+
+    def match_invited(
+        self,
+        bid_id: MessageId,
+        offer_id: MessageId,
+        *,
+        now_ms: int,
+        reputation: Reputation = _NO_REPUTATION,
+    ) -> Match | None:
+        """Match our resting bid with the offer whose provider invited it, if it fits."""
+        offer = self.offers.get(offer_id)
+        if offer is None or offer.order.expires_ms <= now_ms:
+            return None
+        if not self.fits(bid_id, offer_id, reputation=reputation):
+            return None
+        return self._fill(self.bids[bid_id], offer)
+
     def rematch(
         self,
         bid_id: MessageId,

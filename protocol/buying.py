@@ -19,7 +19,15 @@ from protocol.errors import InvalidMessage, LocalProtocolError, Reason
 from protocol.identity import PublicKey
 from protocol.job import END_STATE, JOB_TABLE, job_machine
 from protocol.machine import Machine
-from protocol.messages import Accept, JobState, JobStatus, Proposal, Reject, UsageReceipt
+from protocol.messages import (
+    Accept,
+    Invitation,
+    JobState,
+    JobStatus,
+    Proposal,
+    Reject,
+    UsageReceipt,
+)
 from protocol.negotiation import (
     AGREEMENT_DOMAIN,
     Agreement,
@@ -133,6 +141,32 @@ class Buying:
     def _refused(self, deal: BuyerDeal) -> None:
         self.refused.setdefault(deal.match.bid.id, set()).add(deal.match.offer.id)
         self.trader.book.release(deal.match, rest_bid=True)
+
+    def receive_invitation(self, wire: bytes, *, now_ms: int) -> Match | None:
+        """A provider's invitation to one of our resting bids: the match to propose, or
+        None when the bid no longer rests here or the offer (in our book) does not fit it.
+        An invitation lifts an earlier refusal of that offer: its capacity came back.
+
+        Raises:
+            DecodeError, InvalidMessage: not a valid invitation by the offer's signer.
+        """
+        invitation = self.trader.open(wire, Invitation, now_ms)
+        bid_id, offer_id = (
+            MessageId(invitation.payload.bid_id),
+            MessageId(invitation.payload.offer_id),
+        )
+        resting = self.trader.book.offers.get(offer_id)
+        if resting is not None and resting.order.signer.raw != invitation.signer.raw:
+            raise InvalidMessage(
+                Reason.WRONG_PARTY, "an invitation is signed by the offer's provider"
+            )
+        bid = self.trader.book.bids.get(bid_id)
+        if bid is None or not bid.active:
+            return None
+        self.refused.get(bid_id, set()).discard(offer_id)
+        return self.trader.book.match_invited(
+            bid_id, offer_id, now_ms=now_ms, reputation=self.trader.reputation
+        )
 
     def next_match(self, bid_id: MessageId, *, now_ms: int) -> list[Match]:
         """The next candidate for a bid whose last proposal failed."""

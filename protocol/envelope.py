@@ -49,6 +49,7 @@ MESSAGE_TYPES: dict[str, type] = {
     "enrolment": m.Enrolment,
     "activation-challenge": m.ActivationChallenge,
     "activation-answer": m.ActivationAnswer,
+    "invitation": m.Invitation,
 }
 _TYPE_NAMES = {cls: name for name, cls in MESSAGE_TYPES.items()}
 _DOMAINS = {name: f"cx/{name}/v1".encode() for name in MESSAGE_TYPES}

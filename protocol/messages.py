@@ -329,6 +329,14 @@ class RejectReason(enum.StrEnum):
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Invitation:
+    """A provider to a buyer whose bid its offer fits: propose to it (spec/matching.md)."""
+
+    offer_id: bytes
+    bid_id: bytes
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Reject:
     proposal_id: bytes
     reason: RejectReason

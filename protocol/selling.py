@@ -12,6 +12,12 @@ Rules:
   onto it, and a released hold goes back to whatever offer is current then.
 - Preemption (:func:`choose_preemption`) reclaims capacity only from preemptible jobs that
   pay less per core-hour than the proposal, cheapest first, and only if that frees enough.
+- Fair share: with ``max_share_ppm`` below a million, no buyer may hold more than that
+  share of the offer's CPU or memory (``no-capacity``, saying so). When capacity frees, the
+  provider *invites* resting bids its offer fits (:meth:`Selling.invitations`): highest CPU
+  limit first, then the buyer with the least recent usage (CPU reserved by its agreements
+  of the last hour), then the oldest bid; as many as the free capacity holds, each bid once
+  per offer.
 """
 
 from __future__ import annotations
@@ -25,10 +31,12 @@ from protocol.job import END_STATE, JOB_TABLE, job_machine
 from protocol.machine import Machine
 from protocol.messages import (
     Accept,
+    Bid,
     Cancel,
     DataRef,
     Evidence,
     ExitReason,
+    Invitation,
     JobState,
     JobStatus,
     Offer,
@@ -50,15 +58,17 @@ from protocol.negotiation import (
     provider_machine,
     sign_terms,
 )
+from protocol.pricing import PPM
 from protocol.receipts import CountersignedReceipt, agreed_charge
 from protocol.settlement import LedgerEntry
 from protocol.tape import print_of, sign_print
 from protocol.trader import NEGOTIATION_TTL_MS, Trader
 
-__all__ = ["LIVE", "ProviderDeal", "Selling", "choose_preemption"]
+__all__ = ["FAIR_SHARE_WINDOW_MS", "LIVE", "ProviderDeal", "Selling", "choose_preemption"]
 
 # Job states in which a job holds the provider's capacity.
 LIVE = frozenset({JobState.AGREED, JobState.TRANSFERRING, JobState.RUNNING})
+FAIR_SHARE_WINDOW_MS = 3_600_000  # a buyer's recent usage: its agreements of the last hour
 
 
 def choose_preemption(
@@ -103,6 +113,8 @@ class Selling:
     agreements: dict[bytes, Agreement] = field(default_factory=dict)
     jobs: dict[bytes, Machine[JobState, JobState]] = field(default_factory=dict)
     _holds: dict[bytes, Resources] = field(default_factory=dict)  # proposal or agreement id
+    max_share_ppm: int = PPM  # the most of the offer one buyer may hold
+    _invited: dict[MessageId, MessageId] = field(default_factory=dict)  # bid -> offer
 
     # -- the offer ---------------------------------------------------------------------
 
@@ -158,7 +170,77 @@ class Selling:
         if terms.job.secrets and self.offer.payload.seal_key is None:
             # spec/messages.md rule 6: nowhere to seal them to
             return RejectReason.BAD_TERMS, "this provider takes no sealed secrets"
+        if not self._within_share(terms.buyer, terms.resources):
+            share = self.max_share_ppm / 10_000
+            return RejectReason.NO_CAPACITY, f"fair share: one buyer may hold {share:g} % at most"
         return None
+
+    def _within_share(self, buyer: bytes, more: Resources) -> bool:
+        if self.max_share_ppm >= PPM or self.offer is None:
+            return True
+        capacity, held = self.offer.payload.capacity, self.held_by(buyer).plus(more)
+        return (
+            held.cpu_milli * PPM <= capacity.cpu_milli * self.max_share_ppm
+            and held.memory_bytes * PPM <= capacity.memory_bytes * self.max_share_ppm
+        )
+
+    def held_by(self, buyer: bytes) -> Resources:
+        """The capacity ``buyer``'s accepted proposals and live agreements hold."""
+        total = Resources(cpu_milli=0, memory_bytes=0)
+        for key, resources in self._holds.items():
+            deal = self.deals.get(MessageId(key))
+            agreement = self.agreements.get(key)
+            terms = deal.terms if deal is not None else agreement.terms if agreement else None
+            if terms is not None and terms.buyer == buyer:
+                total = total.plus(resources)
+        return total
+
+    def recent_usage(self, buyer: bytes, now_ms: int) -> int:
+        """The CPU (milli-cores) ``buyer``'s agreements of the last hour reserved here."""
+        since = now_ms - FAIR_SHARE_WINDOW_MS
+        return sum(
+            a.terms.resources.cpu_milli
+            for a in self.agreements.values()
+            if a.terms.buyer == buyer and a.terms.created_ms >= since
+        )
+
+    def invitations(self, *, now_ms: int) -> list[Signed[Bid]]:
+        """The resting bids to invite to our offer now, in the order of the rules above."""
+        book = self.trader.book
+        self._invited = {b: o for b, o in self._invited.items() if b in book.bids}
+        resting = book.offers.get(self.offer.id) if self.offer else None
+        if resting is None:
+            return []
+        offer_id = resting.order.id
+        candidates = [
+            b
+            for bid_id, b in book.bids.items()
+            if not b.active
+            and b.order.expires_ms > now_ms
+            and self._invited.get(bid_id) != offer_id
+            and book.fits(bid_id, offer_id, reputation=self.trader.reputation)
+        ]
+        candidates.sort(
+            key=lambda b: (
+                -b.bid.max_prices.cpu_core_hour,
+                self.recent_usage(b.order.signer.raw, now_ms),
+                b.order.issued_ms,
+            )
+        )
+        free, chosen = resting.remaining, []
+        for b in candidates:
+            buyer = b.order.signer.raw
+            if b.bid.resources.fits_in(free) and self._within_share(buyer, b.bid.resources):
+                free = free.minus(b.bid.resources)
+                chosen.append(b.order)
+                self._invited[b.order.id] = offer_id
+        return chosen
+
+    def invite(self, bid: Signed[Bid], *, nonce: bytes, now_ms: int) -> Signed[Invitation]:
+        """The signed invitation of ``bid``'s buyer to our current offer."""
+        assert self.offer is not None
+        payload = Invitation(offer_id=self.offer.id, bid_id=bid.id)
+        return self.trader.seal(payload, nonce, now_ms, NEGOTIATION_TTL_MS)
 
     def preemption_for(self, proposal_id: MessageId) -> list[bytes] | None:
         """The running jobs to preempt so the proposal fits (see :func:`choose_preemption`)."""

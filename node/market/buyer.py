@@ -37,6 +37,7 @@ from node.net.transport import (
 )
 from node.net.wire import (
     BIDS_TOPIC,
+    INVITE,
     JOB,
     NEGOTIATE,
     PING,
@@ -123,6 +124,7 @@ class Buyer:
             self._nursery = nursery
             self.market.on_match = self._on_match
             self.market.net.serve(JOB, self._serve_job)
+            self.market.net.serve(INVITE, self._serve_invite)
             self._restore()
             task_status.started()
             await trio.sleep_forever()
@@ -275,6 +277,23 @@ class Buyer:
             self._negotiating.discard(bid_id)
             for unused in self._arrived.pop(bid_id, []):  # the offers get their capacity back
                 self.buying.trader.book.give_back(unused.offer.id, unused.resources)
+
+    async def _serve_invite(self, raw: Stream) -> None:
+        """A provider invites one of our resting bids to its offer (node/market/invitations.py)."""
+        stream = FramedStream(raw)
+        try:
+            wire = await stream.receive_frame()
+            if wire is None:
+                return
+            match = self.buying.receive_invitation(wire, now_ms=self.market.now_ms())
+        except ProtocolError as exc:
+            await stream.send_frame(control(error=exc.reason.value, detail=str(exc)))
+            return
+        if match is None:
+            await stream.send_frame(control(error="not-waiting", detail="the bid does not fit"))
+            return
+        self._on_match(match)
+        await stream.send_frame(control(ok=True))
 
     def _next_candidate(self, bid_id: MessageId) -> Match | None:
         """A match that arrived during the last proposal, else the book's next one."""

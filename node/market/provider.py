@@ -29,6 +29,7 @@ import trio
 
 from node.exec.executor import CapacityExceeded, JobResult
 from node.market.gossip import Market
+from node.market.invitations import send_invitations
 from node.market.repricing import asking_now, follow_prices
 from node.market.secrets import SealKey, receive_secrets
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream
@@ -115,7 +116,7 @@ class Provider:
         self.executor = executor
         self.config = config
         self.attestor = attestor
-        self.selling = Selling(market.trader)
+        self.selling = Selling(market.trader, max_share_ppm=config.max_share_ppm)
         self.timings = market.timings
         self.s3 = s3  # where the jobs' s3:// inputs and outputs go
         self.seal = SealKey()  # buyers seal their jobs' secrets to it
@@ -437,6 +438,8 @@ class Provider:
         with self.db.atomic():
             self.db.save_receipt(agreement.id, signed.wire)
             self._send(agreement, JobState.RECEIPTED, signed.wire)
+        if self._nursery is not None:  # its capacity is free again: invite waiting bids
+            self._nursery.start_soon(send_invitations, self.market, self.selling)
 
     async def _serve_ping(self, raw: Stream) -> None:
         stream = FramedStream(raw)

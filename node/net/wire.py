@@ -25,6 +25,7 @@ __all__ = [
     "BIDS_TOPIC",
     "BOOK",
     "HELLO",
+    "INVITE",
     "JOB",
     "NEGOTIATE",
     "OFFERS_TOPIC",
@@ -46,6 +47,7 @@ BOOK = ProtocolId("/cx/book/1")  # the live orders of your book, one frame each
 NEGOTIATE = ProtocolId("/cx/negotiate/1")  # proposal, accept/reject, agreement, ack
 JOB = ProtocolId("/cx/job/1")  # provider to buyer: a status or a receipt, and its answer
 PING = ProtocolId("/cx/ping/1")  # buyer to provider: is my job alive?
+INVITE = ProtocolId("/cx/invite/1")  # provider to buyer: an invitation, and its answer
 TAPE = ProtocolId("/cx/tape/1")  # the recent trade prints you kept, one frame each
 
 

@@ -97,6 +97,7 @@ class ProviderConfig:
     offer_ttl_ms: int = 3_600_000
     pricing: Pricing | None = None
     cost: MachineCost | None = None
+    max_share_ppm: int = 1_000_000  # the most of the offer one buyer may hold (fair share)
 
     @property
     def trust(self) -> tuple[TrustLevel, ...]:
@@ -315,6 +316,7 @@ def _parse_provider(p: dict[str, Any]) -> ProviderConfig:
         tcti=p.get("tcti"),
         offer_ttl_ms=int(p.get("offer_ttl_ms", 3_600_000)),
         pricing=_parse_pricing(p["pricing"], prices) if "pricing" in p else None,
+        max_share_ppm=int(p.get("max_share_ppm", 1_000_000)),
         cost=MachineCost(**{k: int(v) for k, v in p["cost"].items()}) if "cost" in p else None,
     )
 
@@ -415,6 +417,7 @@ def _render(c: NodeConfig) -> str:
                     "tpm": p.tpm,
                     "tcti": p.tcti,
                     "offer_ttl_ms": p.offer_ttl_ms,
+                    "max_share_ppm": p.max_share_ppm,
                 },
             )
         )

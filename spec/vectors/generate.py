@@ -43,6 +43,7 @@ from protocol.messages import (
     DataRef,
     Enrolment,
     ExitReason,
+    Invitation,
     JobSecrets,
     JobSpec,
     Offer,
@@ -567,6 +568,13 @@ def messages() -> None:
     cases += enrolment_messages()
     cases += truncation_messages(key)
     cases += data_plane_messages(key)
+    cases.append(
+        valid_message(
+            key,
+            "invitation",
+            Invitation(offer_id=hashlib.sha256(b"offer").digest(), bid_id=bytes(32)),
+        )
+    )
     write("messages", "messages", "spec/messages.md#test-vectors", cases)
 
 

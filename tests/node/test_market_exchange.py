@@ -1,9 +1,10 @@
-"""Prices that move, and the tape that records them, in whole markets under MockClock
-(see test_market_clock.py): real nodes, fake job runners, virtual time.
+"""The exchange in whole markets under MockClock (see test_market_clock.py): real nodes,
+fake job runners, virtual time.
 
 A provider on the ``utilization`` policy asks more as its capacity fills and less as it
 empties; every trade leaves a print signed by both parties on every node's tape, and the
-market view and candles are built from it.
+market view and candles are built from it; a deadline's bid climbs its ladder; a provider
+whose capacity frees invites the bid it refused.
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from pathlib import Path
 
 import trio
 from fake_runner import FakeRunner
-from market_support import PRICE, finished, market, state, submit, until, virtual
+from market_support import PRICE, events, finished, market, state, submit, until, virtual
 
 from node.api import views
 from protocol.messages import Prices
@@ -125,3 +126,26 @@ async def test_a_deadline_bid_climbs_its_ladder_until_an_offer_fits(
             f"limit raised to {price} per core-hour"
             for price in (75_000_000, 90_000_000, 105_000_000, 120_000_000)
         ]
+
+
+async def test_a_bid_refused_for_capacity_is_invited_when_the_capacity_frees(
+    clock: trio.testing.MockClock, image_layout: Path
+) -> None:
+    """One core, fixed price: the second job's proposal is refused (no capacity) and its
+    bid rests, that offer excluded. No new offer comes (the price never moves); when the
+    first job ends the provider invites the resting bid, and it runs at once."""
+    runners: dict[Path, FakeRunner] = {}
+    async with virtual(image_layout, runners) as c:
+        provider = await c.provider("provider", cpu_milli=1000)
+        alice, bob = await c.buyer("alice"), await c.buyer("bob")
+        for buyer in (alice, bob):
+            await buyer.peer.join(provider.addr)
+        first = (await submit(alice, c.image, "sleep 60", cpu_milli=1000))["id"]
+        await state(alice, first, "running")
+        second = (await submit(bob, c.image, "sleep 5", cpu_milli=1000))["id"]
+        await until(lambda: any("no-capacity" in e for e in events(bob, second)), bob)
+        ended = (await finished(alice, first))["updated_ms"]
+        done = await finished(bob, second)
+        assert done["state"] == "succeeded"
+        started = next(e["at_ms"] for e in bob.peer.db.events(second) if e["state"] == "running")
+        assert started - ended < 10_000  # invited, not left waiting for a new offer
