@@ -100,6 +100,7 @@ def provider_config(
         region=region,
         tpm=tpm,
         pricing=pricing,
+        benchmark=True,
     )
     return f"prov-{region}{index // len(PROVIDERS) or ''}", config
 

@@ -28,6 +28,7 @@ from protocol.envelope import MessageId, Signed
 from protocol.errors import LocalProtocolError, Reason
 from protocol.messages import Bid, Offer, Prices, Resources, TrustLevel
 from protocol.settlement import quote
+from protocol.work import work_fits
 
 __all__ = ["CONSTRAINTS", "Explanation", "Match", "OrderBook", "RestingBid", "RestingOffer"]
 
@@ -105,7 +106,13 @@ CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
     ("network", lambda b, o, r: o.offer.network or not b.job.network),
     ("wall-time", lambda b, o, r: b.job.wall_ms <= o.offer.max_wall_ms),
     ("capacity", lambda b, o, r: b.resources.fits_in(o.remaining)),
-    ("price", lambda b, o, r: o.offer.prices.all_at_most(b.max_prices, b.resources)),
+    (
+        "price",
+        lambda b, o, r: (
+            o.offer.prices.all_at_most(b.max_prices, b.resources)
+            and work_fits(o.offer, b.max_work_price)
+        ),
+    ),
 )
 
 

@@ -252,6 +252,8 @@ class Offer:
     max_wall_ms: int = 24 * 3_600_000
     network: bool = False  # jobs may use the network
     seal_key: bytes | None = None  # X25519 public key buyers seal a job's secrets to
+    work_score: int | None = None  # work units per core-hour (protocol/work.py)
+    watts: int | None = None  # drawn at full load, for work per kWh
 
     def __post_init__(self) -> None:
         if self.capacity.gpus != len(self.gpus):
@@ -268,6 +270,7 @@ class Bid:
     constraints: Constraints = field(default_factory=Constraints)
     preemptible: bool = False
     checkpoint: Checkpoint | None = None
+    max_work_price: int | None = None  # micro-credits per work unit (protocol/work.py)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

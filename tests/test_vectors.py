@@ -22,6 +22,7 @@ from protocol.identity import PrivateKey
 from protocol.limits import OutOfBounds
 from protocol.limits import check_limits as limits_of
 from protocol.messages import (
+    Arch,
     Bid,
     Checkpoint,
     ExitReason,
@@ -45,6 +46,7 @@ from protocol.secrets import encode_secrets, open_secrets
 from protocol.settlement import charge
 from protocol.tape import Tape, TradePrint
 from protocol.usage import Observation, classify
+from protocol.work import score_of, work_fits, work_per_kwh, work_price
 
 
 def _cases():
@@ -190,6 +192,22 @@ def check_tape(case):
     if case.get("replay"):
         tape.admit(wire, now_ms=case["now_ms"])
     assert _reason(lambda w: tape.admit(w, now_ms=case["now_ms"]), wire) == case["error"]
+
+
+def check_work(case):
+    if case["op"] == "score":
+        assert score_of(case["bytes"], case["cpu_us"]) == case["work_score"]
+        return
+    offer = Offer(
+        capacity=Resources(cpu_milli=case["cpu_milli"], memory_bytes=1 << 30),
+        prices=Prices(cpu_core_hour=case["cpu_core_hour"]),
+        arch=Arch.AMD64,
+        work_score=case["work_score"],
+        watts=case["watts"],
+    )
+    assert work_price(offer) == case["work_price"]
+    assert work_per_kwh(offer) == case["work_per_kwh"]
+    assert work_fits(offer, case["max_work_price"]) is case["fits"]
 
 
 def check_exit_reasons(case):

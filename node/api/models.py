@@ -73,6 +73,8 @@ class OfferView(_View):
     cpu_core_hour: int
     memory_gib_hour: int
     trust: list[str]
+    work_score: int | None = None  # work units per core-hour (spec/work.md)
+    work_price: int | None = None  # micro-credits per work unit
 
 
 class NodeView(_View):
@@ -127,6 +129,8 @@ class ClassView(_View):
     best_cpu_core_hour: int | None  # the cheapest offer
     best_memory_gib_hour: int | None
     best_bid_cpu_core_hour: int | None  # the highest limit a bid sets
+    best_work_price: int | None = None  # the cheapest unit of work on offer (spec/work.md)
+    best_work_per_kwh: int | None = None  # the most work per kWh an offer states
     last_cpu_core_hour: int | None  # the tape's last print
     last_memory_gib_hour: int | None
     volume: int  # prints on the tape (its window: a day)

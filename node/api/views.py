@@ -18,6 +18,7 @@ from protocol.identity import PublicKey
 from protocol.messages import Bid, Offer
 from protocol.settlement import LedgerEntry
 from protocol.tape import TradePrint, candles, resource_class
+from protocol.work import work_per_kwh, work_price
 
 __all__ = ["history", "job", "ledger", "market", "offer", "why"]
 
@@ -56,6 +57,8 @@ def offer(order: Signed[Offer]) -> Json:
         "cpu_core_hour": o.prices.cpu_core_hour,
         "memory_gib_hour": o.prices.memory_gib_hour,
         "trust": [t.value for t in o.trust],
+        "work_score": o.work_score,
+        "work_price": work_price(o),
     }
 
 
@@ -94,6 +97,8 @@ def market(
                 "best_cpu_core_hour": None,
                 "best_memory_gib_hour": None,
                 "best_bid_cpu_core_hour": None,
+                "best_work_price": None,
+                "best_work_per_kwh": None,
                 "last_cpu_core_hour": None,
                 "last_memory_gib_hour": None,
                 "volume": 0,
@@ -108,6 +113,10 @@ def market(
         c["offers"] += 1
         c["best_cpu_core_hour"] = _least(c["best_cpu_core_hour"], o.prices.cpu_core_hour)
         c["best_memory_gib_hour"] = _least(c["best_memory_gib_hour"], o.prices.memory_gib_hour)
+        if (per_work := work_price(o)) is not None:
+            c["best_work_price"] = _least(c["best_work_price"], per_work)
+        if (per_kwh := work_per_kwh(o)) is not None:
+            c["best_work_per_kwh"] = max(c["best_work_per_kwh"] or 0, per_kwh)
     bids = [b.order.payload for b in book.bids.values() if b.order.expires_ms > now_ms]
     for name, c in classes.items():
         wanting = [

@@ -30,7 +30,7 @@ _BARS = "▁▂▃▄▅▆▇█"
 PRICE_FIELDS = ("cpu_core_hour", "memory_gib_hour", "disk_gib_hour", "gpu_hour")
 _MARKET_HEADERS = (
     "CLASS", "OFFERS", "BIDS", "BEST BID", "BEST OFFER", "LAST", "MEM OFFER", "TRADES",
-    "CPU PRICE CHART",
+    "PER WORK", "WORK/KWH", "CPU PRICE CHART",
 )  # fmt: skip
 
 
@@ -125,15 +125,18 @@ def render_market(market: Json, now_ms: int | None = None) -> str:
             credits(c.get("last_cpu_core_hour")),
             credits(c.get("best_memory_gib_hour")),
             c.get("volume", 0),
+            credits(c.get("best_work_price")),
+            c.get("best_work_per_kwh") or "-",
             sparkline(c.get("last_prices") or []),
         )
         for c in market.get("classes") or []
     ]
     out = [
         f"book: {market.get('offers', 0)} offer(s), {market.get('bids', 0)} bid(s); "
-        "CPU prices per core-hour, memory per GiB-hour, in credits",
+        "CPU prices per core-hour, memory per GiB-hour, work per unit (a GiB hashed on one "
+        "core), in credits",
         "",
-        table(_MARKET_HEADERS, classes, right=(1, 2, 3, 4, 5, 6, 7)),
+        table(_MARKET_HEADERS, classes, right=(1, 2, 3, 4, 5, 6, 7, 8, 9)),
     ]
     trades = [
         (

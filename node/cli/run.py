@@ -143,6 +143,14 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="per GPU-hour; required with --gpus",
     )
     money.add_argument(
+        "--per-work",
+        type=parse_credits,
+        metavar="CREDITS",
+        help="also the most you pay per unit of work (a GiB hashed on one core: offers "
+        "state their cores' score, `cx market` shows the price per unit); only offers "
+        "with a score fit",
+    )
+    money.add_argument(
         "--deadline",
         type=duration_ms,
         metavar="DURATION",
@@ -292,6 +300,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "checkpoint_path": args.checkpoint_path,
         "name": args.name,
         "deadline_ms": args.deadline,
+        "max_work_price": args.per_work,
         "output_to": args.output_to,
         "credentials": _credentials(args.image, inputs, args.output_to),
     }

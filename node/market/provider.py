@@ -28,6 +28,7 @@ from typing import Any, Protocol
 import trio
 
 from node.exec.executor import CapacityExceeded, JobResult
+from node.market.benchmark import measure_work_score
 from node.market.gossip import Market
 from node.market.invitations import send_invitations
 from node.market.repricing import asking_now, follow_prices
@@ -126,6 +127,7 @@ class Provider:
         self._delivering: set[str] = set()
         self._pricing = config.effective_pricing()
         self._prices = config.prices  # asked now: the policies move them from here
+        self._work_score: int | None = None  # measured at start when config.benchmark
 
     @property
     def offer(self) -> Signed[Offer] | None:
@@ -137,6 +139,8 @@ class Provider:
 
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:  # noqa: ANN401
         await self.executor.recover()
+        if self.config.benchmark:
+            self._work_score = await measure_work_score(self.executor, self.market.store)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._restore()
@@ -162,6 +166,8 @@ class Provider:
             region=c.region,
             trust=trust,
             seal_key=self.seal.public,
+            work_score=self._work_score,
+            watts=c.cost.watts if c.cost else None,
         )
 
     async def _post_offer(self) -> None:

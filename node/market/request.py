@@ -256,6 +256,8 @@ class JobRequest(_Frozen):
     preemptible: bool = False
     checkpoint_path: AbsPath | None = None
     name: Text | None = None
+    # The most to pay per unit of work (spec/work.md): only offers stating a score fit
+    max_work_price: Annotated[int, Field(ge=1, le=2**53)] | None = None
     # Trade within this long: the bid starts lower and climbs to max_prices (spec/pricing.md)
     deadline_ms: Annotated[int, Field(ge=1000, le=30 * 86_400_000)] | None = None
     output_to: Annotated[Text, AfterValidator(_prefix)] | None = None  # s3://bucket/prefix/
@@ -424,6 +426,7 @@ def bid_from_request(request: JobRequest) -> Bid:
                 trust=TrustRequirement(level=request.trust),
             ),
             preemptible=request.preemptible,
+            max_work_price=request.max_work_price,
             checkpoint=(
                 Checkpoint(path=request.checkpoint_path) if request.checkpoint_path else None
             ),

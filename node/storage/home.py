@@ -98,6 +98,7 @@ class ProviderConfig:
     pricing: Pricing | None = None
     cost: MachineCost | None = None
     max_share_ppm: int = 1_000_000  # the most of the offer one buyer may hold (fair share)
+    benchmark: bool = False  # measure and state a work score at start (protocol/work.py)
 
     @property
     def trust(self) -> tuple[TrustLevel, ...]:
@@ -317,6 +318,7 @@ def _parse_provider(p: dict[str, Any]) -> ProviderConfig:
         offer_ttl_ms=int(p.get("offer_ttl_ms", 3_600_000)),
         pricing=_parse_pricing(p["pricing"], prices) if "pricing" in p else None,
         max_share_ppm=int(p.get("max_share_ppm", 1_000_000)),
+        benchmark=bool(p.get("benchmark", False)),
         cost=MachineCost(**{k: int(v) for k, v in p["cost"].items()}) if "cost" in p else None,
     )
 
@@ -418,6 +420,7 @@ def _render(c: NodeConfig) -> str:
                     "tcti": p.tcti,
                     "offer_ttl_ms": p.offer_ttl_ms,
                     "max_share_ppm": p.max_share_ppm,
+                    "benchmark": p.benchmark,
                 },
             )
         )

@@ -71,6 +71,7 @@ from protocol.secrets import encode_secrets, open_secrets
 from protocol.settlement import charge
 from protocol.tape import Tape, TradePrint, sign_print
 from protocol.usage import Observation, classify
+from protocol.work import score_of, work_fits, work_per_kwh, work_price
 
 GIB = 1 << 30
 T0 = 1_800_000_000_000
@@ -1003,6 +1004,39 @@ def tape() -> None:
     write("tape", "tape", "spec/tape.md#test-vectors", cases)
 
 
+def work() -> None:
+    """work.md: the score from a benchmark run, and what it makes of an offer."""
+    cases: list[dict[str, object]] = [
+        {"name": f"score: {b >> 20} MiB in {us} us", "op": "score", "bytes": b, "cpu_us": us,
+         "work_score": score_of(b, us)}
+        for b, us in ((256 << 20, 1_000_000), (256 << 20, 1_958_674), (1 << 30, 3_600_000_001))
+    ]  # fmt: skip
+    for name, price, score, watts, limit in [
+        ("scored offer within a per-work limit", 90_000_000, 900, 350, 100_000),
+        ("scored offer over a per-work limit", 90_000_000, 900, 350, 99_999),
+        ("offer without a score fails any per-work limit", 90_000_000, None, None, 10**9),
+        ("no per-work limit", 90_000_000, None, None, None),
+        ("price per unit rounds up", 100, 3, None, None),
+    ]:
+        o = replace(sample_offer(), work_score=score, watts=watts)
+        o = replace(o, prices=replace(o.prices, cpu_core_hour=price))
+        cases.append(
+            {
+                "name": name,
+                "op": "offer",
+                "cpu_core_hour": price,
+                "work_score": score,
+                "watts": watts,
+                "cpu_milli": o.capacity.cpu_milli,
+                "work_price": work_price(o),
+                "work_per_kwh": work_per_kwh(o),
+                "max_work_price": limit,
+                "fits": work_fits(o, limit),
+            }
+        )
+    write("work", "work", "spec/work.md#test-vectors", cases)
+
+
 if __name__ == "__main__":
     encoding()
     identity()
@@ -1014,3 +1048,4 @@ if __name__ == "__main__":
     sealed_secrets()
     pricing()
     tape()
+    work()

@@ -132,9 +132,12 @@ async def test_market_ledger_peers(node, cx):
     assert code == 0
     lines = out.splitlines()
     assert lines[0].startswith("book: 5 offer(s), 2 bid(s); CPU prices per core-hour")
-    # class, offers, bids, best bid, best offer, last, memory offer, trades, chart
-    assert lines[3].split() == ["amd64-small", "4", "2", "1.20", "0.90", "0.95", "0.10", "3", "▁█▄"]
-    assert lines[4].split() == ["arm64-gpu", "1", "0", "-", "-", "-", "-", "0", "-"]
+    # class, offers, bids, best bid, best offer, last, memory offer, trades, per work,
+    # work per kWh, chart
+    assert lines[3].split() == [
+        "amd64-small", "4", "2", "1.20", "0.90", "0.95", "0.10", "3", "0.003", "2400", "▁█▄",
+    ]  # fmt: skip
+    assert lines[4].split() == ["arm64-gpu", "1", "0", "-", "-", "-", "-", "0", "-", "-", "-"]
     assert lines[-1].split()[1:] == ["amd64-small", "0.95", "0.10"]
     code, out, _ = await cx("market", "--json")
     assert json.loads(out) == node[0].market()

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import hashlib
 from pathlib import Path
 
 import pytest
@@ -21,8 +22,16 @@ from executor_support import (
 
 from node.exec.cgroups import CgroupMode
 from node.exec.executor import CapacityExceeded
+from node.market.benchmark import run_benchmark
 from protocol.errors import InvalidMessage
-from protocol.messages import LOG_CAP_BYTES, Checkpoint, DataRef, ExitReason, Resources
+from protocol.messages import (
+    LOG_CAP_BYTES,
+    Checkpoint,
+    DataRef,
+    ExitReason,
+    Resources,
+)
+from protocol.work import BENCHMARK_BYTES, score_of
 
 pytestmark = pytest.mark.integration
 
@@ -269,3 +278,16 @@ async def test_each_log_is_capped_on_its_own_and_marked(env):
     assert executor.store.size(result.stdout) == LOG_CAP_BYTES
     # the job saw its stdout full (ENOSPC), and its stderr is whole
     assert executor.store.read_bytes(result.stderr).endswith(b"still here\n")
+
+
+async def test_the_benchmark_kernel_gives_a_work_score_from_a_real_container(env):
+    """protocol/work.py's kernel, run as the provider runs it at start-up: in the executor,
+    one core, on the busybox image the node builds itself. Its output is the MD5 of the
+    zeros it hashed, so the work was really done, and the CPU time it took gives a score."""
+    executor, _ = env
+    result = await run_benchmark(executor, executor.store)
+    assert result is not None
+    assert result.stdout is not None
+    digest = hashlib.md5(bytes(BENCHMARK_BYTES)).hexdigest()
+    assert executor.store.read_bytes(result.stdout).split()[0].decode() == digest
+    assert score_of(BENCHMARK_BYTES, result.usage.cpu_us) > 0
