@@ -25,7 +25,7 @@ import trio
 from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
 from node.market.gossip import Market
-from node.market.request import JobRequest, bid_from_request, parse_request
+from node.market.request import JobRequest, RequestError, bid_from_request, parse_request
 from node.market.secrets import Vault, lost_secrets, send_secrets
 from node.net.transport import (
     FramedStream,
@@ -187,10 +187,10 @@ class Buyer:
 
     async def _climb(self, job_id: str) -> None:
         """Raise a deadline's bid at each rung of its ladder while the job waits."""
-        while (rung := self.rung(self._row(job_id))) and rung.next_rise_ms is not None:
+        while (rung := self._waiting_rung(job_id)) is not None and rung.next_rise_ms:
             await trio.sleep(max(0, rung.next_rise_ms - self.market.now_ms()) / 1000)
-            job = self._row(job_id)
-            if job.state not in WAITING_STATES:
+            job = self.db.job(job_id)
+            if job is None or job.state not in WAITING_STATES:
                 return
             if job.bid_id is None or job.bid_id in self._negotiating:
                 continue  # its bid is being proposed: the next rung re-posts it
@@ -203,6 +203,17 @@ class Buyer:
             price = bid.max_prices.cpu_core_hour
             self._event(job_id, "waiting", f"limit raised to {price} per core-hour")
             await self._announce(*self._post(job_id, bid))
+
+    def _waiting_rung(self, job_id: str) -> Rung | None:
+        """The ladder of a job that still waits (None: no deadline, gone, or unreadable:
+        restoring sets such a row aside)."""
+        job = self.db.job(job_id)
+        if job is None or job.state not in WAITING_STATES:
+            return None
+        try:
+            return self.rung(job)
+        except RequestError:
+            return None
 
     def _row(self, job_id: str) -> JobRow:
         job = self.db.job(job_id)

@@ -404,8 +404,10 @@ class Database:
 
     # -- the tape: public trade prints (a print lost to a crash is fetched again) ------
 
-    def save_print(self, trade_id: bytes, at_ms: int, wire: bytes) -> None:
-        self._run("INSERT OR IGNORE INTO tape VALUES (?, ?, ?)", (trade_id, at_ms, wire))
+    def save_prints(self, prints: list[tuple[bytes, int, bytes]]) -> None:
+        """``(trade_id, at_ms, wire)`` rows in one transaction: one commit for many."""
+        with self.atomic():
+            self._conn.executemany("INSERT OR IGNORE INTO tape VALUES (?, ?, ?)", prints)
 
     def prints(self, since_ms: int) -> list[tuple[bytes, bytes]]:
         """``(trade_id, wire)`` of the prints at or after ``since_ms``, oldest first."""
