@@ -27,6 +27,7 @@ from node.net.transport import (
     Network,
     NetworkError,
     PeerId,
+    ProtocolId,
     Stream,
     Verdict,
 )
@@ -216,20 +217,7 @@ class Market:
 
     async def sync_tape(self, peer: PeerId) -> int:
         """Take the recent prints ``peer`` kept; returns how many were new here."""
-        taken = 0
-        try:
-            with trio.fail_after(self.timings.hello_timeout_s * 4):
-                stream = FramedStream(await self.net.open_stream(peer, TAPE))
-                try:
-                    await stream.send_frame(control())
-                    while (frame := await stream.receive_frame()) is not None:
-                        if self._validate_print(peer, frame) is Verdict.ACCEPT:
-                            taken += 1
-                finally:
-                    await stream.aclose()
-        except (NetworkError, trio.TooSlowError) as exc:
-            log.info("tape sync with %s failed: %s", peer, exc)
-        return taken
+        return await self._pull(peer, TAPE, self._validate_print)
 
     async def _serve_tape(self, raw: Stream) -> None:
         stream = FramedStream(raw)
@@ -310,19 +298,26 @@ class Market:
 
     async def sync_book(self, peer: PeerId) -> int:
         """Take the live orders of ``peer``'s book; returns how many were new here."""
+        return await self._pull(peer, BOOK, self._validate)
+
+    async def _pull(
+        self, peer: PeerId, protocol: ProtocolId, admit: Callable[[PeerId, bytes], Verdict]
+    ) -> int:
+        """Ask ``peer`` for what it serves on ``protocol`` and ``admit`` each frame as if it
+        had come by gossip; returns how many were accepted."""
         taken = 0
         try:
             with trio.fail_after(self.timings.hello_timeout_s * 4):
-                stream = FramedStream(await self.net.open_stream(peer, BOOK))
+                stream = FramedStream(await self.net.open_stream(peer, protocol))
                 try:
                     await stream.send_frame(control())
                     while (frame := await stream.receive_frame()) is not None:
-                        if self._validate(peer, frame) is Verdict.ACCEPT:
+                        if admit(peer, frame) is Verdict.ACCEPT:
                             taken += 1
                 finally:
                     await stream.aclose()
         except (NetworkError, trio.TooSlowError) as exc:
-            log.info("book sync with %s failed: %s", peer, exc)
+            log.info("%s from %s failed: %s", protocol, peer, exc)
         return taken
 
     async def _serve_book(self, raw: Stream) -> None:

@@ -35,14 +35,21 @@ def _signed(trade: TradePrint) -> SignedPrint:
     return SignedPrint.assemble(trade, sign_print(BUYER, trade), sign_print(PROVIDER, trade))
 
 
-def test_an_agreement_yields_a_print_both_parties_signed():
-    buyer, provider, nonce = Buying(Trader(BUYER)), Selling(Trader(PROVIDER)), Nonces()
+def _accepted(nonce: Nonces):
+    """A buyer and provider, the buyer's proposal and the provider's answer to it."""
+    buyer, provider = Buying(Trader(BUYER)), Selling(Trader(PROVIDER))
     posted = provider.post_offer(offer(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
     buyer.trader.receive_order(posted.wire, now_ms=T0)
     _, [match] = buyer.trader.post(bid(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
     proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
     provider.receive_proposal(proposal.wire, now_ms=T0)
     reply = provider.accept(proposal.id, evidence=None, nonce=nonce(), now_ms=T0)
+    return buyer, proposal, reply
+
+
+def test_an_agreement_yields_a_print_both_parties_signed():
+    nonce = Nonces()
+    buyer, proposal, reply = _accepted(nonce)
     assert isinstance(reply.payload, Accept)
     buyer.receive_reply(reply.wire, now_ms=T0)
     agreement = buyer.agree(proposal.id)
@@ -60,13 +67,8 @@ def test_an_agreement_yields_a_print_both_parties_signed():
 
 
 def test_a_provider_print_signature_that_does_not_verify_fails_the_accept():
-    buyer, provider, nonce = Buying(Trader(BUYER)), Selling(Trader(PROVIDER)), Nonces()
-    posted = provider.post_offer(offer(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
-    buyer.trader.receive_order(posted.wire, now_ms=T0)
-    _, [match] = buyer.trader.post(bid(), nonce=nonce(), now_ms=T0, ttl_ms=HOUR_MS)
-    proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
-    provider.receive_proposal(proposal.wire, now_ms=T0)
-    honest = provider.accept(proposal.id, evidence=None, nonce=nonce(), now_ms=T0)
+    nonce = Nonces()
+    buyer, _, honest = _accepted(nonce)
     lying = seal(
         PROVIDER,
         replace(honest.payload, print_signature=bytes(64)),
