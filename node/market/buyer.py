@@ -68,6 +68,7 @@ from protocol.messages import (
 )
 from protocol.negotiation import Agreement, terms_hash
 from protocol.pricing import Rung, ladder
+from protocol.units import credits
 
 __all__ = ["FINAL_STATES", "JOB_STATES", "WAITING_STATES", "Buyer"]
 
@@ -200,8 +201,8 @@ class Buyer:
             )
             self.db.drop_order(job.bid_id)
             await self.market.publish(cancel, topic=BIDS_TOPIC)
-            price = bid.max_prices.cpu_core_hour
-            self._event(job_id, "waiting", f"limit raised to {price} per core-hour")
+            price = credits(bid.max_prices.cpu_core_hour)
+            self._event(job_id, "waiting", f"limit raised to {price} credits per CPU core-hour")
             await self._announce(*self._post(job_id, bid))
 
     def _waiting_rung(self, job_id: str) -> Rung | None:

@@ -123,8 +123,8 @@ async def test_a_deadline_bid_climbs_its_ladder_until_an_offer_fits(
         assert 600 <= trio.current_time() - started < 700  # matched at the last rise
         raised = [e["detail"] for e in buyer.peer.db.events(job_id) if "raised" in e["detail"]]
         assert raised == [
-            f"limit raised to {price} per core-hour"
-            for price in (75_000_000, 90_000_000, 105_000_000, 120_000_000)
+            f"limit raised to {price} credits per CPU core-hour"
+            for price in ("75.00", "90.00", "105.00", "120.00")
         ]
 
 
