@@ -95,6 +95,11 @@ def test_surge_prices_rise_with_demand_and_fall_after(root: Path) -> None:
     with Testnet(2, 2, work=root, scenario=SCENARIOS["surge"]) as net:
         net.start()
         verdict = net.run(timeout_s=240)
+        # cx market history --json against a running node: candles from its tape
+        history = net.providers[0].api().history(interval_ms=3_600_000)
+        candles = [k for c in history["classes"] for k in c["candles"]]
+        assert sum(k["trades"] for k in candles) == 20
+        assert max(k["high"] for k in candles) > min(k["low"] for k in candles)
     assert verdict.problems == []  # includes the scenario's own check of the prices
     assert {v["state"] for v in verdict.jobs} == {"succeeded"}
     prices = [t["cpu_core_hour"] for t in verdict.trades]
