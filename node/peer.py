@@ -40,6 +40,7 @@ from node.market.gossip import Market
 from node.market.provider import Provider, Runner
 from node.market.remote import resolve_remote
 from node.market.request import JobRequest, parse_request, resolve
+from node.market.score_check import ScoreCheck, ScoreCheckError, check_score
 from node.net.transport import Network, NetworkError
 from node.storage import transfer
 from node.storage.db import Database, JobRow
@@ -48,7 +49,7 @@ from node.storage.store import BlobStore
 from node.tpm import attestor as attestation
 from node.tpm import swtpm
 from protocol.book import Explanation
-from protocol.errors import ProtocolError
+from protocol.errors import InvalidMessage, ProtocolError
 from protocol.explain import why_not
 from protocol.identity import PrivateKey
 from protocol.pricing import Rung
@@ -286,6 +287,17 @@ class Peer:
                 "too-late", f"job {job.id} is {job.state}; only a waiting job can be cancelled"
             )
         return self.job(job.id)
+
+    async def check_score(self, provider: str) -> ScoreCheck:
+        """Run the benchmark on ``provider`` and judge the work score its offer states
+        (node/market/score_check.py); a provider that overstates it loses this node's trust.
+
+        Raises PeerError when the check cannot be made.
+        """
+        try:
+            return await check_score(self.buyer, provider)
+        except (ScoreCheckError, InvalidMessage) as exc:
+            raise PeerError(f"cannot check {provider}'s work score: {exc}") from None
 
     def ledger(self) -> list[tuple[LedgerEntry, int]]:
         """Every settled receipt's ledger entry with the time it settled, oldest first."""

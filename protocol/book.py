@@ -106,6 +106,7 @@ CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
     ("network", lambda b, o, r: o.offer.network or not b.job.network),
     ("wall-time", lambda b, o, r: b.job.wall_ms <= o.offer.max_wall_ms),
     ("capacity", lambda b, o, r: b.resources.fits_in(o.remaining)),
+    ("provider", lambda b, o, r: b.constraints.provider in (None, o.order.signer.raw)),
     (
         "price",
         lambda b, o, r: (

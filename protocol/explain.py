@@ -50,6 +50,7 @@ def _everywhere(e: Explanation, bid: Bid) -> list[str]:
         "gpu-model": f"no offer has {bid.resources.gpus} {c.gpu_model} GPUs",
         "network": "no offer lets jobs use the network",
         "wall-time": f"no offer allows {bid.job.wall_ms // 1000} s of wall time",
+        "provider": "the provider it names has no live offer here",
     }
     return [text for name, text in said.items() if e.ruled_out.get(name) == e.offers]
 

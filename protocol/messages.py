@@ -166,6 +166,7 @@ class Constraints:
     gpu_model: str | None = None
     min_reputation: int = 0  # on the matching node's own reputation scale
     trust: TrustRequirement = field(default_factory=TrustRequirement)
+    provider: bytes | None = None  # only this provider's offers (its 32-byte key)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

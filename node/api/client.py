@@ -124,6 +124,10 @@ class ApiClient:
     def market(self) -> Json:
         return self._object("GET", "/v1/market")
 
+    def check_score(self, peer_id: str) -> Json:
+        """Run the benchmark on that provider and judge its stated work score (waits)."""
+        return self._object("POST", f"/v1/providers/{peer_id}/check-score")
+
     def trades(self, since_ms: int = 0) -> list[Json]:
         return self._list("GET", f"/v1/market/trades?since_ms={since_ms}")
 

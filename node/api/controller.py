@@ -4,6 +4,7 @@ the peer's refusals become :class:`ApiError` with their HTTP status, and
 
 from __future__ import annotations
 
+import dataclasses
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -104,6 +105,10 @@ class NodeController:
     def market(self) -> Json:
         m = self.peer.market
         return views.market(m.trader.book, list(m.tape.prints()), m.rejected, m.now_ms())
+
+    async def check_score(self, provider: str) -> Json:
+        with _refusals():
+            return dataclasses.asdict(await self.peer.check_score(provider))
 
     def trades(self, since_ms: int) -> list[Json]:
         return [views.trade_print(t) for t in self.peer.market.tape.prints(since_ms=since_ms)]

@@ -21,6 +21,7 @@ __all__ = [
     "OutputsRequest",
     "PeerView",
     "PriceField",
+    "ScoreCheckView",
     "WhyView",
     "WrittenView",
 ]
@@ -147,6 +148,15 @@ class TradeView(_View):
     memory_bytes: int
     buyer: str
     provider: str
+
+
+class ScoreCheckView(_View):
+    provider: str
+    job_id: str
+    stated: int  # work units per core-hour its offer states
+    measured: int  # from the benchmark job's CPU time
+    honest: bool  # false: this node no longer trades with it
+    detail: str
 
 
 PriceField = Literal["cpu_core_hour", "memory_gib_hour", "disk_gib_hour", "gpu_hour"]

@@ -38,6 +38,9 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
     POST /v1/jobs/{id}/outputs    body {dest: absolute dir on the node's machine}
                                   -> [WrittenView], the files written under dest
     POST /v1/jobs/{id}/cancel     JobView
+    POST /v1/providers/{peer}/check-score
+                                  ScoreCheckView: the benchmark run on that provider, its
+                                  stated and measured work score (waits for the job)
     GET  /v1/market               MarketView
     GET  /v1/market/trades?since_ms=T
                                   [TradeView]: the tape's prints, oldest first
@@ -55,7 +58,7 @@ from collections.abc import Awaitable, Callable, MutableMapping
 from typing import TYPE_CHECKING, Annotated, Any, Protocol
 
 import trio
-from fastapi import FastAPI, Query, Request
+from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
 from fastapi.responses import JSONResponse
@@ -114,6 +117,8 @@ class Controller(Protocol):
     def market(self) -> Json: ...
 
     def trades(self, since_ms: int) -> list[Json]: ...
+
+    async def check_score(self, provider: str) -> Json: ...
 
     def history(self, interval_ms: int, since_ms: int, price_field: str) -> Json: ...
 
@@ -231,6 +236,12 @@ def _routes(app: FastAPI, c: Controller) -> None:
     )
     async def cancel(job_id: JobId) -> Json:
         return await c.cancel(job_id)
+
+    @app.post("/v1/providers/{peer_id}/check-score", response_model=models.ScoreCheckView)
+    async def check_score(
+        peer_id: Annotated[str, Path(pattern=r"^12D3KooW[1-9A-HJ-NP-Za-km-z]{44}$")],
+    ) -> Json:
+        return await c.check_score(peer_id)
 
     @app.get("/v1/market", response_model=models.MarketView)
     async def market() -> Json:

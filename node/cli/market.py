@@ -94,6 +94,20 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     add_common(peers, json_help="print the peers as JSON")
     peers.set_defaults(run=talk("cx peers", _peers))
 
+    check = commands.add_parser(
+        "check-score",
+        help="run the benchmark on a provider and judge the work score it states",
+        description="Run the standard benchmark kernel as a job on PEER (at its offer's "
+        "prices, paid like any job) and compare the score its CPU time gives with the one "
+        "the offer states. A provider that overstates it by more than 25 %%, or whose job "
+        "did not do the work, is no longer traded with by this node. Exit status 1 then.",
+    )
+    check.add_argument(
+        "peer", metavar="PEER", help="the provider's peer id (see `cx market --json`)"
+    )
+    add_common(check, json_help="print the check as JSON")
+    check.set_defaults(run=talk("cx check-score", _check_score))
+
 
 def _market(args: argparse.Namespace) -> int:
     market = client(args).market()
@@ -209,6 +223,17 @@ def render_ledger(ledger: Json, now_ms: int | None = None) -> str:
             table(headers, rows, right=(0, 5)),
         ]
     )
+
+
+def _check_score(args: argparse.Namespace) -> int:
+    check = client(args).check_score(args.peer)
+    if args.json:
+        print_json(check)
+    else:
+        verdict = "believed" if check["honest"] else "NOT believed: no longer traded with"
+        print(f"{check['provider']}: {verdict}")
+        print(f"  {check['detail']} (job {check['job_id']})")
+    return 0 if check["honest"] else 1
 
 
 def _peers(args: argparse.Namespace) -> int:

@@ -160,6 +160,9 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     where = p.add_argument_group("where it may run")
     where.add_argument("--arch", help="CPU architecture, e.g. amd64 or arm64; default any")
     where.add_argument(
+        "--provider", metavar="PEER", help="only this provider's offers (its peer id); default any"
+    )
+    where.add_argument(
         "--region", action="append", default=[], help="acceptable region (repeatable)"
     )
     where.add_argument(
@@ -301,6 +304,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "name": args.name,
         "deadline_ms": args.deadline,
         "max_work_price": args.per_work,
+        "provider": args.provider,
         "output_to": args.output_to,
         "credentials": _credentials(args.image, inputs, args.output_to),
     }

@@ -21,7 +21,7 @@ from protocol.work import BENCHMARK_BYTES, BENCHMARK_COMMAND, score_of
 if TYPE_CHECKING:
     from node.market.provider import Runner
 
-__all__ = ["measure_work_score", "run_benchmark"]
+__all__ = ["benchmark_image", "measure_work_score", "run_benchmark"]
 
 log = logging.getLogger(__name__)
 
@@ -41,7 +41,7 @@ async def measure_work_score(runner: Runner, store: BlobStore) -> int | None:
 async def run_benchmark(runner: Runner, store: BlobStore) -> JobResult | None:
     """Run the kernel as a job of one core; its result if it succeeded, else None (logged)."""
     try:
-        image = await trio.to_thread.run_sync(_busybox_image, store)
+        image = await trio.to_thread.run_sync(benchmark_image, store)
     except (ImageError, OSError) as exc:
         log.warning("no benchmark: cannot build its image: %s", exc)
         return None
@@ -53,7 +53,8 @@ async def run_benchmark(runner: Runner, store: BlobStore) -> JobResult | None:
     return result
 
 
-def _busybox_image(store: BlobStore) -> str:
+def benchmark_image(store: BlobStore) -> str:
+    """The busybox image the kernel runs in, built here and put in ``store``; its digest."""
     with tempfile.TemporaryDirectory(prefix="cx-benchmark-") as root:
         build_rootfs(f"{root}/layout")
         return import_image(store, f"{root}/layout").manifest

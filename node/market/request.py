@@ -31,7 +31,8 @@ from node.storage.objects import parse_url
 from node.storage.registry import Login, looks_like_registry_ref, parse_ref
 from node.storage.store import BlobStore
 from protocol.envelope import check_sealable
-from protocol.errors import DecodeError
+from protocol.errors import DecodeError, InvalidMessage
+from protocol.identity import PublicKey
 from protocol.limits import LIMITS, OutOfBounds, check_limits
 from protocol.messages import (
     Arch,
@@ -235,6 +236,14 @@ class Secrets(_Frozen):
         )
 
 
+def _peer_id(text: str) -> str:
+    try:
+        PublicKey.from_peer_id(text)
+    except InvalidMessage:
+        raise ValueError("must be a peer id like 12D3KooW... (see `cx peers`)") from None
+    return text
+
+
 class JobRequest(_Frozen):
     """What to run, with what, for how much, and where it may run."""
 
@@ -256,6 +265,8 @@ class JobRequest(_Frozen):
     preemptible: bool = False
     checkpoint_path: AbsPath | None = None
     name: Text | None = None
+    # Trade with this provider only (its peer id, 12D3KooW...)
+    provider: Annotated[Text, AfterValidator(_peer_id)] | None = None
     # The most to pay per unit of work (spec/work.md): only offers stating a score fit
     max_work_price: Annotated[int, Field(ge=1, le=2**53)] | None = None
     # Trade within this long: the bid starts lower and climbs to max_prices (spec/pricing.md)
@@ -424,6 +435,9 @@ def bid_from_request(request: JobRequest) -> Bid:
                 arch=request.arch,
                 regions=request.regions,
                 trust=TrustRequirement(level=request.trust),
+                provider=None
+                if request.provider is None
+                else PublicKey.from_peer_id(request.provider).raw,
             ),
             preemptible=request.preemptible,
             max_work_price=request.max_work_price,

@@ -9,9 +9,11 @@ import trio
 
 from node.api.common import ApiError
 from node.market.request import JobRequest
+from protocol.identity import PrivateKey
 
 TOKEN = "test-token-0123456789"
 PEER_A = "12D3KooWProviderAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAAA"
+PEER_B = PrivateKey.from_seed(bytes(32)).peer_id  # a well-formed one, for path patterns
 NOW_MS = 1_800_000_000_000
 
 
@@ -200,6 +202,12 @@ class FakeController:
             ],
             "rejected_gossip": {},
         }
+
+    async def check_score(self, provider: str) -> dict:
+        if provider != PEER_B:
+            raise ApiError(400, "bad-request", f"cannot check {provider}'s work score")
+        return {"provider": provider, "job_id": "cccc0003", "stated": 900, "measured": 880,
+                "honest": True, "detail": "stated 900, measured 880: within tolerance"}  # fmt: skip
 
     def trades(self, since_ms: int) -> list[dict]:
         return self.market()["recent_trades"] if since_ms <= NOW_MS else []

@@ -83,6 +83,7 @@ OPERATIONS = [
     ("GET", "/v1/jobs/{job_id}/logs"),
     ("POST", "/v1/jobs/{job_id}/outputs"),
     ("POST", "/v1/jobs/{job_id}/cancel"),
+    ("POST", "/v1/providers/{peer_id}/check-score"),
     ("GET", "/v1/market"),
     ("GET", "/v1/market/history"),
     ("GET", "/v1/market/trades"),

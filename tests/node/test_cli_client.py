@@ -13,7 +13,7 @@ from functools import partial
 
 import pytest
 import trio
-from api_support import NOW_MS, PEER_A, TOKEN, FakeController
+from api_support import NOW_MS, PEER_A, PEER_B, TOKEN, FakeController
 from process_support import serving_directory
 
 from node.api.client import ApiClient, NodeNotRunning
@@ -22,6 +22,7 @@ from node.api.server import serve_api
 from node.cli import main
 from node.cli.common import credits, parse_credits, table
 from node.market.request import build_request
+from protocol.identity import PrivateKey
 
 DIGEST = "sha256:" + "cd" * 32
 
@@ -169,6 +170,18 @@ async def test_market_ledger_peers(node, cx):
     assert out.splitlines()[2].split() == ["12D3KooWOther", "-3", "-"]
     code, out, _ = await cx("peers", "--json")
     assert len(json.loads(out)) == 2
+
+
+async def test_check_score_prints_the_verdict_and_exits_by_it(node, cx):
+    code, out, _ = await cx("check-score", PEER_B)
+    assert code == 0
+    assert out.splitlines() == [
+        f"{PEER_B}: believed",
+        "  stated 900, measured 880: within tolerance (job cccc0003)",
+    ]
+    code, _, err = await cx("check-score", PrivateKey.from_seed(b"\x01" * 32).peer_id)
+    assert code == 1
+    assert "cannot check" in err
 
 
 async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path):

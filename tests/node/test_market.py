@@ -12,6 +12,7 @@ with the control API's JSON views, which is what a user of the node sees.
 
 from __future__ import annotations
 
+import dataclasses
 import os
 from collections.abc import Callable
 from pathlib import Path
@@ -469,3 +470,47 @@ async def test_a_better_paying_bid_preempts_a_cheap_preemptible_job_which_is_bid
         assert thrifty.peer.why(cheap["id"]).text.endswith(
             "CPU costs at least 150.00 credits per core-hour, your limit is 100.00"
         )
+
+
+async def test_a_buyer_checks_a_providers_work_score_and_stops_trading_with_a_liar(
+    image_layout: Path,
+) -> None:
+    """spec/work.md rule 7 with real containers: the provider measured its score at start;
+    the buyer runs the same kernel there as a job naming that provider, and believes it.
+    Then the provider states three times its score: the next check finds it out, and the
+    buyer's bids no longer match it."""
+    async with cluster(image_layout) as c:
+        home = c.home("provider", price=PRICE)
+        home.save_config(
+            dataclasses.replace(
+                home.config(),
+                provider=dataclasses.replace(home.config().provider, benchmark=True),
+            )
+        )
+        provider = await c.start(home)
+        buyer = await c.buyer("buyer")
+        await buyer.peer.join(provider.addr)
+        await until(lambda: market(buyer)["offers"] == 1, buyer)
+        stated = provider.peer.provider.offer.payload.work_score
+        assert stated
+
+        check = await buyer.peer.check_score(provider.peer_id)
+        assert (check.honest, check.stated) == (True, stated), check.detail
+        assert check.measured > 0
+
+        seller = provider.peer.provider
+        seller._work_score = stated * 3  # the provider starts to lie about its machine
+        await seller.set_offer(capacity=seller.config.capacity)
+        await until(
+            lambda: all(
+                o.offer.work_score == stated * 3
+                for o in buyer.peer.market.trader.book.live_offers(buyer.peer.market.now_ms())
+            ),
+            buyer,
+        )
+        lied = await buyer.peer.check_score(provider.peer_id)
+        assert not lied.honest
+        assert f"it states {stated * 3} work units per core-hour" in lied.detail
+        job_id = (await submit(buyer, c.image, "true"))["id"]
+        why = views.why(buyer.peer.why(job_id))
+        assert why["ruled_out"]["reputation"] == 1
