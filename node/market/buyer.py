@@ -561,6 +561,7 @@ class Buyer:
             self.db.set_agreement_state(agreement.id, JobState.SETTLED.value)
             if job_id is not None:
                 self._record_outcome(job_id, receipt)
+        self.market.on_settled(agreement, countersigned)
         if agreement.id in self._followed:
             self._followed[agreement.id].set()
         if (

@@ -47,6 +47,8 @@ from protocol.book import Match
 from protocol.envelope import Signed
 from protocol.errors import LocalProtocolError, ProtocolError, Reason
 from protocol.messages import Bid
+from protocol.negotiation import Agreement
+from protocol.receipts import CountersignedReceipt
 from protocol.tape import SignedPrint, Tape
 from protocol.trader import Trader
 
@@ -91,6 +93,8 @@ class Market:
         self._unsaved_prints: list[tuple[bytes, int, bytes]] = []
         self.rejected: dict[str, int] = {}  # gossip refused, by reason
         self.on_match: Callable[[Match], None] = lambda match: None
+        # A receipt of ours was countersigned (node/market/reputation.py counts it).
+        self.on_settled: Callable[[Agreement, CountersignedReceipt], None] = lambda a, r: None
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
         self._changed = trio.Event()
 

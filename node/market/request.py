@@ -252,6 +252,8 @@ class JobRequest(_Frozen):
     arch: Arch | None = None
     regions: tuple[Text, ...] = ()
     trust: TrustLevel = TrustLevel.NONE
+    # Parts per million of the buyer node's trust (spec/reputation.md); 0 takes anyone.
+    min_reputation: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     inputs: tuple[Input, ...] = ()
     preemptible: bool = False
     checkpoint_path: AbsPath | None = None
@@ -424,6 +426,7 @@ def bid_from_request(request: JobRequest) -> Bid:
                 arch=request.arch,
                 regions=request.regions,
                 trust=TrustRequirement(level=request.trust),
+                min_reputation=request.min_reputation,
             ),
             preemptible=request.preemptible,
             max_work_price=request.max_work_price,

@@ -1,0 +1,208 @@
+"""Reputation on a running node: receipt summaries in and out, and the scores matching uses.
+
+spec/reputation.md states the rules. The parts here:
+
+- *Settling.* When a receipt is countersigned, both parties derive its summary
+  (:func:`protocol.reputation.summarize`), sign it and store it with their own signature:
+  a node's own receipts count at once, with no exchange. The provider (payee) then asks
+  the buyer (payer) for its signature on ``/cx/summary/1``; the buyer checks the summary is
+  the one it derived itself, signs, stores and publishes it, and answers with its
+  signature; the provider stores and publishes the doubly signed summary too. A restarted
+  provider asks again for every summary still missing the buyer's signature.
+- *Gossip.* Summaries travel on ``cx/summaries/1``; the topic validator admits them with
+  :func:`protocol.reputation.open_summary` (both signatures, no self-dealing, no replay)
+  and stores them. Refusals count in the market's ``rejected``, like orders.
+- *Scores.* After a change the scores are computed again from every stored summary and
+  written into the trader's ``reputation`` map, which the pure order book reads when it
+  matches (``Constraints.min_reputation``). A negative entry there is a local verdict of
+  the buyer role (a provider that vanished mid-job) and outlives the recomputation.
+"""
+
+from __future__ import annotations
+
+import logging
+import math
+from typing import TYPE_CHECKING
+
+import trio
+
+from node.market.gossip import Market
+from node.net.transport import FramedStream, NetworkError, PeerId, Stream, Verdict
+from node.net.wire import SUMMARIES_TOPIC, SUMMARY, PeerRefused, control, read_control, request
+from protocol.encoding import decode
+from protocol.errors import InvalidMessage, ProtocolError, Reason
+from protocol.identity import PrivateKey, PublicKey
+from protocol.negotiation import Agreement
+from protocol.receipts import CountersignedReceipt
+from protocol.reputation import (
+    HORIZON_MS,
+    ReceiptSummary,
+    SignedSummary,
+    open_summary,
+    scores,
+    sign_summary,
+    summarize,
+)
+from protocol.schema import from_value
+
+if TYPE_CHECKING:
+    from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
+
+__all__ = ["Reputation", "score_of"]
+
+log = logging.getLogger(__name__)
+
+_HARMLESS = frozenset({Reason.EXPIRED, Reason.REPLAYED, Reason.NOT_YET_VALID})
+
+
+def score_of(market: Market, peer: str) -> int:
+    """``peer``'s score as this node's matching sees it; 0 where no trust reaches it."""
+    try:
+        key = PublicKey.from_peer_id(peer).raw
+    except InvalidMessage:  # not an Ed25519 peer id: no receipt can name it
+        return 0
+    return market.trader.reputation.get(key, 0)
+
+
+class Reputation:
+    def __init__(self, market: Market, key: PrivateKey) -> None:
+        self.market = market
+        self.key = key
+        self._summaries: dict[bytes, ReceiptSummary] = {}
+        self._asks_send, self._asks = trio.open_memory_channel[ReceiptSummary](math.inf)
+        self._load()
+
+    @property
+    def me(self) -> bytes:
+        return self.key.public_key.raw
+
+    async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
+        """Admit gossiped summaries, serve and make summary exchanges; until cancelled."""
+        channel = await self.market.net.subscribe(SUMMARIES_TOPIC, self._validate)
+        self.market.net.serve(SUMMARY, self._serve)
+        self.market.on_settled = self.settled
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(self._drain, channel)
+            task_status.started()
+            async for summary in self._asks:
+                nursery.start_soon(self._ask_payer, summary)
+
+    # -- our own receipts ---------------------------------------------------------------
+
+    def settled(self, agreement: Agreement, receipt: CountersignedReceipt) -> None:
+        """A receipt of ours was countersigned: count it, and as its payee ask the payer
+        to sign its summary."""
+        summary = summarize(agreement, receipt)
+        signature = sign_summary(self.key, summary)
+        payer_sig, payee_sig = (signature, None) if summary.payer == self.me else (None, signature)
+        self.market.db.save_summary(
+            summary.agreement_id, summary.to_bytes(), payer_sig, payee_sig, summary.at_ms
+        )
+        self._take(summary)
+        if summary.payee == self.me:
+            self._asks_send.send_nowait(summary)
+
+    async def _ask_payer(self, summary: ReceiptSummary) -> None:
+        peer = PublicKey(summary.payer).peer_id
+        own = sign_summary(self.key, summary)
+        try:
+            with trio.fail_after(self.market.timings.hello_timeout_s):
+                frame = control(summary=summary.to_bytes(), signature=own)
+                answer = read_control(await request(self.market.net, peer, SUMMARY, frame))
+            theirs = answer.get("signature")
+            if type(theirs) is not bytes:
+                raise InvalidMessage(Reason.MISSING_FIELD, "the answer carries no signature")
+            signed = SignedSummary(summary=summary, payer_signature=theirs, payee_signature=own)
+            open_summary(signed.to_wire(), now_ms=self.market.now_ms())
+        except (NetworkError, PeerRefused, ProtocolError, trio.TooSlowError) as exc:
+            log.info("no summary signature from %s (asked again at restart): %s", peer, exc)
+            return
+        await self._publish(signed)
+
+    async def _serve(self, raw: Stream) -> None:
+        """The payer's side: sign the summary of a receipt we countersigned."""
+        stream = FramedStream(raw)
+        try:
+            ask = read_control(await stream.receive_frame())
+            raw_summary, theirs = ask.get("summary"), ask.get("signature")
+            if type(raw_summary) is not bytes or type(theirs) is not bytes:
+                raise InvalidMessage(Reason.BAD_FIELD, "ask for a summary and a signature")
+            summary = from_value(ReceiptSummary, decode(raw_summary))
+            if summary.payer != self.me or self._summaries.get(summary.agreement_id) != summary:
+                raise InvalidMessage(Reason.TERMS_MISMATCH, "not a receipt we countersigned")
+            own = sign_summary(self.key, summary)
+            signed = SignedSummary(summary=summary, payer_signature=own, payee_signature=theirs)
+            open_summary(signed.to_wire(), now_ms=self.market.now_ms())
+        except ProtocolError as exc:
+            log.info("refused to sign a summary for %s: %s", raw.remote_peer, exc)
+            await stream.send_frame(control(error=exc.reason.value, detail=str(exc)))
+            return
+        await stream.send_frame(control(signature=own))
+        await self._publish(signed)
+
+    async def _publish(self, signed: SignedSummary) -> None:
+        self._save(signed)
+        await self.market.net.publish(SUMMARIES_TOPIC, signed.to_wire())
+
+    def _save(self, signed: SignedSummary) -> None:
+        s = signed.summary
+        self.market.db.save_summary(
+            s.agreement_id, s.to_bytes(), signed.payer_signature, signed.payee_signature, s.at_ms
+        )
+        self.market.touch()
+
+    # -- gossip -------------------------------------------------------------------------
+
+    def _validate(self, author: PeerId, data: bytes) -> Verdict:
+        try:
+            signed = open_summary(data, now_ms=self.market.now_ms(), known=self._knows)
+        except ProtocolError as exc:
+            if exc.reason in _HARMLESS:
+                return Verdict.IGNORE
+            rejected = self.market.rejected
+            rejected[exc.reason.value] = rejected.get(exc.reason.value, 0) + 1
+            log.info("refused a summary from %s: %s", author, exc)
+            return Verdict.REJECT
+        self._save(signed)
+        self._take(signed.summary)
+        return Verdict.ACCEPT
+
+    def _knows(self, agreement_id: bytes) -> bool:
+        return agreement_id in self._summaries
+
+    async def _drain(self, channel: trio.MemoryReceiveChannel[object]) -> None:
+        async for _ in channel:  # the validator stored each summary already
+            pass
+
+    # -- scores -------------------------------------------------------------------------
+
+    def _take(self, summary: ReceiptSummary) -> None:
+        self._summaries[summary.agreement_id] = summary
+        self._rescore()
+
+    def _rescore(self) -> None:
+        horizon = self.market.now_ms() - HORIZON_MS
+        for agreement_id in [k for k, s in self._summaries.items() if s.at_ms < horizon]:
+            del self._summaries[agreement_id]
+        self.market.db.forget_summaries(horizon)
+        reputation = self.market.trader.reputation
+        verdicts = {k: v for k, v in reputation.items() if v < 0}
+        reputation.clear()
+        reputation.update(scores(self.me, self._summaries.values()))
+        reputation.update(verdicts)
+        self.market.touch()
+
+    def _load(self) -> None:
+        """Take the stored summaries back; ask again for the buyer signatures missing."""
+        for agreement_id, raw, payer_sig, payee_sig in self.market.db.summaries():
+            try:
+                summary = from_value(ReceiptSummary, decode(raw))
+            except ProtocolError as exc:
+                self.market.db.quarantine(
+                    "summaries", agreement_id, f"unreadable summary: {exc}", self.market.now_ms()
+                )
+                continue
+            self._summaries[agreement_id] = summary
+            if summary.payee == self.me and payer_sig is None and payee_sig is not None:
+                self._asks_send.send_nowait(summary)
+        self._rescore()
