@@ -24,9 +24,10 @@ from __future__ import annotations
 
 import enum
 from collections import defaultdict
-from collections.abc import Callable, Iterable, Mapping
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
 from types import MappingProxyType
+from typing import TypeVar
 
 from protocol.encoding import decode, encode
 from protocol.errors import InvalidMessage, LocalProtocolError, Reason
@@ -41,11 +42,14 @@ __all__ = [
     "OUTCOME_OF",
     "ROUNDS",
     "SUMMARY_DOMAIN",
+    "Links",
     "Outcome",
     "ReceiptSummary",
     "SignedSummary",
+    "TrustGraph",
     "edges",
     "open_summary",
+    "propagate",
     "scores",
     "sign_summary",
     "summarize",
@@ -59,6 +63,7 @@ PASS_ON = (4, 5)  # the share of its trust a node passes on each round; the rest
 TOTAL = 10**12  # the trust this node distributes, in integer units
 SCORE_UNIT = 10**6  # a score is trust in parts per million of TOTAL
 _KEYS = ("summary", "payer_sig", "payee_sig")
+_K = TypeVar("_K")
 
 
 class Outcome(enum.StrEnum):
@@ -201,34 +206,73 @@ def edges(summary: ReceiptSummary) -> list[tuple[bytes, bytes, int]]:
             return [(payer, payee, paid), (payer, payee, paid - stake), (payee, payer, paid)]
 
 
+@dataclass(frozen=True, slots=True)
+class Links:
+    """The trust graph as propagation reads it: per key, its positive net edges (sorted)
+    and its whole volume."""
+
+    out: Mapping[bytes, tuple[tuple[bytes, int], ...]]
+    volume: Mapping[bytes, int]
+
+
+@dataclass(slots=True)
+class TrustGraph:
+    """The edges of every summary taken, summed per ordered pair of keys. Taking or
+    dropping a summary costs O(1), so a node can keep one up to date as gossip arrives."""
+
+    credit: dict[tuple[bytes, bytes], int] = field(default_factory=dict)
+    debit: dict[tuple[bytes, bytes], int] = field(default_factory=dict)
+    volume: dict[bytes, int] = field(default_factory=dict)
+
+    def add(self, summary: ReceiptSummary, sign: int = 1) -> None:
+        """Count ``summary``'s edges (``sign=-1``: take them back out)."""
+        for source, target, weight in edges(summary):
+            sums = self.credit if weight >= 0 else self.debit
+            _bump(sums, (source, target), sign * abs(weight))
+            _bump(self.volume, source, sign * abs(weight))
+
+    def remove(self, summary: ReceiptSummary) -> None:
+        self.add(summary, -1)
+
+    def links(self) -> Links:
+        out: dict[bytes, list[tuple[bytes, int]]] = defaultdict(list)
+        for (source, target), amount in sorted(self.credit.items()):
+            if (net := amount - self.debit.get((source, target), 0)) > 0:
+                out[source].append((target, net))
+        return Links(
+            out={k: tuple(v) for k, v in out.items()}, volume=MappingProxyType(dict(self.volume))
+        )
+
+
+def _bump(sums: dict[_K, int], key: _K, by: int) -> None:
+    total = sums.get(key, 0) + by
+    if total:
+        sums[key] = total
+    else:
+        sums.pop(key, None)
+
+
 def scores(me: bytes, summaries: Iterable[ReceiptSummary]) -> dict[bytes, int]:
     """Every other key's score as this node (``me``) sees it, in parts per million of its
     trust; keys that no trust reaches are left out (their score is 0)."""
-    credit: dict[tuple[bytes, bytes], int] = defaultdict(int)
-    debit: dict[tuple[bytes, bytes], int] = defaultdict(int)
+    graph = TrustGraph()
     for summary in summaries:
-        for source, target, weight in edges(summary):
-            if weight >= 0:
-                credit[source, target] += weight
-            else:
-                debit[source, target] -= weight
-    volume: dict[bytes, int] = defaultdict(int)
-    for (source, _), amount in (*credit.items(), *debit.items()):
-        volume[source] += amount
-    out: dict[bytes, list[tuple[bytes, int]]] = defaultdict(list)
-    for (source, target), amount in sorted(credit.items()):
-        if (net := amount - debit.get((source, target), 0)) > 0:
-            out[source].append((target, net))
+        graph.add(summary)
+    return propagate(me, graph.links())
+
+
+def propagate(me: bytes, links: Links) -> dict[bytes, int]:
+    """:func:`scores` from the graph's links: ``ROUNDS`` rounds from ``me``."""
     trust = {me: TOTAL}
     for _ in range(ROUNDS):
-        trust = _round(me, trust, out, volume)
+        trust = _round(me, trust, links.out, links.volume)
     return {k: t // SCORE_UNIT for k, t in sorted(trust.items()) if k != me and t >= SCORE_UNIT}
 
 
 def _round(
     me: bytes,
     trust: dict[bytes, int],
-    out: Mapping[bytes, list[tuple[bytes, int]]],
+    out: Mapping[bytes, Sequence[tuple[bytes, int]]],
     volume: Mapping[bytes, int],
 ) -> dict[bytes, int]:
     """One round: each node passes PASS_ON of its trust along its edges, each edge taking

@@ -12,14 +12,18 @@ spec/reputation.md states the rules. The parts here:
 - *Gossip.* Summaries travel on ``cx/summaries/1``; the topic validator admits them with
   :func:`protocol.reputation.open_summary` (both signatures, no self-dealing, no replay)
   and stores them. Refusals count in the market's ``rejected``, like orders.
-- *Scores.* After a change the scores are computed again from every stored summary and
-  written into the trader's ``reputation`` map, which the pure order book reads when it
-  matches (``Constraints.min_reputation``). A negative entry there is a local verdict of
-  the buyer role (a provider that vanished mid-job) and outlives the recomputation.
+- *Scores.* A summary taken goes into a :class:`~protocol.reputation.TrustGraph` at once
+  (O(1): the validator stays cheap). After a change the scores are computed again, at
+  most once per ``Timings.maintenance_s`` and in a worker thread (propagation is
+  ``ROUNDS`` passes over every edge), and written into the trader's ``reputation`` map,
+  which the pure order book reads when it matches (``Constraints.min_reputation``). A
+  negative entry there is a local verdict of the buyer role (a provider that vanished
+  mid-job) and outlives the recomputation.
 """
 
 from __future__ import annotations
 
+import heapq
 import logging
 import math
 from typing import TYPE_CHECKING
@@ -38,8 +42,9 @@ from protocol.reputation import (
     HORIZON_MS,
     ReceiptSummary,
     SignedSummary,
+    TrustGraph,
     open_summary,
-    scores,
+    propagate,
     sign_summary,
     summarize,
 )
@@ -69,6 +74,9 @@ class Reputation:
         self.market = market
         self.key = key
         self._summaries: dict[bytes, ReceiptSummary] = {}
+        self._by_age: list[tuple[int, bytes]] = []  # (at_ms, agreement id), oldest first
+        self._graph = TrustGraph()
+        self._stale = trio.Event()  # set when the scores lag the summaries
         self._asks_send, self._asks = trio.open_memory_channel[ReceiptSummary](math.inf)
         self._load()
 
@@ -83,6 +91,7 @@ class Reputation:
         self.market.on_settled = self.settled
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._drain, channel)
+            nursery.start_soon(self._rescore_loop)
             task_status.started()
             async for summary in self._asks:
                 nursery.start_soon(self._ask_payer, summary)
@@ -177,20 +186,34 @@ class Reputation:
     # -- scores -------------------------------------------------------------------------
 
     def _take(self, summary: ReceiptSummary) -> None:
+        if summary.agreement_id in self._summaries:
+            return  # ours, now signed by both: counted when we settled it
         self._summaries[summary.agreement_id] = summary
-        self._rescore()
+        heapq.heappush(self._by_age, (summary.at_ms, summary.agreement_id))
+        self._graph.add(summary)
+        self._stale.set()
 
-    def _rescore(self) -> None:
+    async def _rescore_loop(self) -> None:
+        while True:
+            await self._stale.wait()
+            self._stale = trio.Event()
+            self._forget_old()
+            links = self._graph.links()
+            fresh = await trio.to_thread.run_sync(propagate, self.me, links)
+            reputation = self.market.trader.reputation
+            verdicts = {k: v for k, v in reputation.items() if v < 0}
+            reputation.clear()
+            reputation.update(fresh)
+            reputation.update(verdicts)
+            self.market.touch()
+            await trio.sleep(self.market.timings.maintenance_s)
+
+    def _forget_old(self) -> None:
         horizon = self.market.now_ms() - HORIZON_MS
-        for agreement_id in [k for k, s in self._summaries.items() if s.at_ms < horizon]:
-            del self._summaries[agreement_id]
+        while self._by_age and self._by_age[0][0] < horizon:
+            _, agreement_id = heapq.heappop(self._by_age)
+            self._graph.remove(self._summaries.pop(agreement_id))
         self.market.db.forget_summaries(horizon)
-        reputation = self.market.trader.reputation
-        verdicts = {k: v for k, v in reputation.items() if v < 0}
-        reputation.clear()
-        reputation.update(scores(self.me, self._summaries.values()))
-        reputation.update(verdicts)
-        self.market.touch()
 
     def _load(self) -> None:
         """Take the stored summaries back; ask again for the buyer signatures missing."""
@@ -202,7 +225,6 @@ class Reputation:
                     "summaries", agreement_id, f"unreadable summary: {exc}", self.market.now_ms()
                 )
                 continue
-            self._summaries[agreement_id] = summary
+            self._take(summary)
             if summary.payee == self.me and payer_sig is None and payee_sig is not None:
                 self._asks_send.send_nowait(summary)
-        self._rescore()

@@ -25,8 +25,10 @@ from protocol.reputation import (
     Outcome,
     ReceiptSummary,
     SignedSummary,
+    TrustGraph,
     _round,
     open_summary,
+    propagate,
     scores,
     sign_summary,
     summarize,
@@ -229,3 +231,18 @@ def test_a_round_conserves_the_trust_it_distributes() -> None:
     volume = {ME: 7, ALICE: 3}
     trust = _round(ME, {ME: TOTAL // 2, ALICE: TOTAL // 2}, out, volume)
     assert sum(trust.values()) == TOTAL
+
+
+@given(summaries, summaries)
+def test_a_graph_kept_up_to_date_scores_as_one_built_at_once(
+    kept: list[ReceiptSummary], dropped: list[ReceiptSummary]
+) -> None:
+    graph = TrustGraph()
+    for summary in [*kept, *dropped]:
+        graph.add(summary)
+    for summary in dropped:
+        graph.remove(summary)
+    assert propagate(ME, graph.links()) == scores(ME, kept)
+    for summary in kept:
+        graph.remove(summary)
+    assert graph == TrustGraph()  # nothing left behind
