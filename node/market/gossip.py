@@ -95,6 +95,7 @@ class Market:
         self.on_match: Callable[[Match], None] = lambda match: None
         # A receipt of ours was countersigned (node/market/reputation.py counts it).
         self.on_settled: Callable[[Agreement, CountersignedReceipt], None] = lambda a, r: None
+        self.on_rescored: Callable[[], None] = lambda: None  # reputation scores changed
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
         self._changed = trio.Event()
 

@@ -16,7 +16,8 @@ spec/reputation.md states the rules. The parts here:
   (O(1): the validator stays cheap). After a change the scores are computed again, at
   most once per ``Timings.maintenance_s`` and in a worker thread (propagation is
   ``ROUNDS`` passes over every edge), and written into the trader's ``reputation`` map,
-  which the pure order book reads when it matches (``Constraints.min_reputation``). A
+  which the pure order book reads when it matches (``Constraints.min_reputation``);
+  ``Market.on_rescored`` then lets the buyer role match its waiting bids again. A
   negative entry there is a local verdict of the buyer role (a provider that vanished
   mid-job) and outlives the recomputation.
 """
@@ -205,6 +206,7 @@ class Reputation:
             reputation.clear()
             reputation.update(fresh)
             reputation.update(verdicts)
+            self.market.on_rescored()
             self.market.touch()
             await trio.sleep(self.market.timings.maintenance_s)
 

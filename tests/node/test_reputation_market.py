@@ -51,9 +51,16 @@ async def test_a_receipt_summary_reaches_a_third_node_and_min_reputation_rules_o
             await node.peer.join(trusted.addr)
         await first.peer.join(second.addr)
 
-        # The second buyer trades with the provider: its own receipt makes it trust it.
+        # A newcomer trusts no one: a bid that asks for reputation waits, and says why.
+        picky_id = (await submit(second, c.image, "echo picky", min_reputation=1))["id"]
+        why = second.peer.why(picky_id).explanation
+        assert why is not None
+        assert {k: n for k, n in why.ruled_out.items() if n} == {"reputation": 1}
+
+        # Its own receipt makes the second buyer trust the provider; the waiting bid
+        # matches as soon as the scores change.
         await run_job(second, c.image)
-        await until(lambda: len(signed_summaries(trusted)) == 1, trusted)
+        assert (await finished(second, picky_id))["provider"] == trusted.peer_id
         assert score_of(second.peer.market, trusted.peer_id) > 0
 
         # The first buyer trades with the same provider; both parties sign the summary and
