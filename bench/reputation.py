@@ -59,14 +59,7 @@ def make_summaries(count: int, keys: list[PrivateKey], rng: random.Random) -> li
 
 
 def wires(summaries: list[ReceiptSummary], by_key: dict[bytes, PrivateKey]) -> list[bytes]:
-    return [
-        SignedSummary(
-            summary=s,
-            payer_signature=sign_summary(by_key[s.payer], s),
-            payee_signature=sign_summary(by_key[s.payee], s),
-        ).to_wire()
-        for s in summaries
-    ]
+    return [SignedSummary.by_both(s, by_key[s.payer], by_key[s.payee]).to_wire() for s in summaries]
 
 
 def raw_rate(summaries: list[ReceiptSummary], by_key: dict[bytes, PrivateKey]) -> float:

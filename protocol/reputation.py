@@ -109,6 +109,17 @@ class SignedSummary:
     payer_signature: bytes
     payee_signature: bytes
 
+    @classmethod
+    def by_both(
+        cls, summary: ReceiptSummary, payer: PrivateKey, payee: PrivateKey
+    ) -> SignedSummary:
+        """Signed with both keys at hand (vectors, tests, benchmarks; nodes sign one each)."""
+        return cls(
+            summary=summary,
+            payer_signature=sign_summary(payer, summary),
+            payee_signature=sign_summary(payee, summary),
+        )
+
     def to_wire(self) -> bytes:
         return encode(
             {

@@ -44,11 +44,7 @@ def _write(name: str, kind: str, cases: list[dict[str, object]]) -> None:
 
 
 def _wire(summary: ReceiptSummary, payer: PrivateKey, payee: PrivateKey) -> bytes:
-    return SignedSummary(
-        summary=summary,
-        payer_signature=sign_summary(payer, summary),
-        payee_signature=sign_summary(payee, summary),
-    ).to_wire()
+    return SignedSummary.by_both(summary, payer, payee).to_wire()
 
 
 def summaries() -> None:

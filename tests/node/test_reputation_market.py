@@ -9,12 +9,20 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
-import trio
-from market_support import BOUND, PRICE, Node, cluster, events, finished, market, submit, until
+from market_support import (
+    PRICE,
+    Node,
+    cluster,
+    events,
+    finished,
+    gossip_peer,
+    market,
+    submit,
+    until,
+)
 
 from node.api.controller import NodeController
 from node.market.reputation import score_of
-from node.net.memnet import serve_memory_network
 from node.net.wire import SUMMARIES_TOPIC
 from protocol.encoding import encode
 from protocol.errors import Reason
@@ -98,11 +106,8 @@ async def test_gossiped_summaries_that_are_forged_one_signed_self_dealt_or_repla
         middle = await c.start(c.home("middle"))
         far = await c.start(c.home("far"))
         await far.peer.join(middle.addr)
-        forger_key = PrivateKey.from_seed(b"\x07" * 32)
-        forger = await c.nursery.start(serve_memory_network, c.hub, forger_key.peer_id)
-        await forger.connect(middle.addr)
-        with trio.fail_after(BOUND):
-            await forger.wait_subscribed(middle.peer_id, SUMMARIES_TOPIC)
+        forger_peer = PrivateKey.from_seed(b"\x07" * 32).peer_id
+        forger = await gossip_peer(c, middle, SUMMARIES_TOPIC, forger_peer)
 
         payer, payee = PrivateKey.from_seed(b"\x01" * 32), PrivateKey.from_seed(b"\x02" * 32)
         summary = ReceiptSummary(
@@ -143,8 +148,4 @@ async def test_gossiped_summaries_that_are_forged_one_signed_self_dealt_or_repla
 
 
 def both_signed(summary: ReceiptSummary, payer: PrivateKey, payee: PrivateKey) -> bytes:
-    return SignedSummary(
-        summary=summary,
-        payer_signature=sign_summary(payer, summary),
-        payee_signature=sign_summary(payee, summary),
-    ).to_wire()
+    return SignedSummary.by_both(summary, payer, payee).to_wire()

@@ -98,11 +98,7 @@ def test_a_summary_is_what_both_parties_derive_from_the_receipt_they_settled() -
         outcome=Outcome.JOB_FAULT,
         at_ms=T0 + 9,
     )
-    signed = SignedSummary(
-        summary=summary,
-        payer_signature=sign_summary(key("buyer"), summary),
-        payee_signature=sign_summary(key("seller"), summary),
-    )
+    signed = SignedSummary.by_both(summary, key("buyer"), key("seller"))
     assert open_summary(signed.to_wire(), now_ms=T0 + 11).summary == summary
     # The summary carries nothing of the job: not its image, command, outputs or logs.
     assert agreement.terms.job.image.encode() not in signed.to_wire()
