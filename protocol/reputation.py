@@ -53,6 +53,7 @@ __all__ = [
     "scores",
     "sign_summary",
     "summarize",
+    "wire_of",
 ]
 
 SUMMARY_DOMAIN = b"cx/receipt-summary/v1"
@@ -121,13 +122,12 @@ class SignedSummary:
         )
 
     def to_wire(self) -> bytes:
-        return encode(
-            {
-                "summary": self.summary.to_bytes(),
-                "payer_sig": self.payer_signature,
-                "payee_sig": self.payee_signature,
-            }
-        )
+        return wire_of(self.summary.to_bytes(), self.payer_signature, self.payee_signature)
+
+
+def wire_of(summary: bytes, payer_sig: bytes, payee_sig: bytes) -> bytes:
+    """The wire form of a summary's canonical bytes and its two signatures."""
+    return encode({"summary": summary, "payer_sig": payer_sig, "payee_sig": payee_sig})
 
 
 def summarize(agreement: Agreement, receipt: CountersignedReceipt) -> ReceiptSummary:

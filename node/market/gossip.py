@@ -96,6 +96,7 @@ class Market:
         # A receipt of ours was countersigned (node/market/reputation.py counts it).
         self.on_settled: Callable[[Agreement, CountersignedReceipt], None] = lambda a, r: None
         self.on_rescored: Callable[[], None] = lambda: None  # reputation scores changed
+        self.on_joined: Callable[[PeerId], None] = lambda peer: None  # after join's syncs
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
         self._changed = trio.Event()
 
@@ -254,6 +255,7 @@ class Market:
         await self.sync_book(peer)
         await self.sync_tape(peer)
         await self._announce()
+        self.on_joined(peer)
         return peer
 
     async def _announce(self) -> None:

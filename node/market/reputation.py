@@ -11,7 +11,9 @@ spec/reputation.md states the rules. The parts here:
   provider asks again for every summary still missing the buyer's signature.
 - *Gossip.* Summaries travel on ``cx/summaries/1``; the topic validator admits them with
   :func:`protocol.reputation.open_summary` (both signatures, no self-dealing, no replay)
-  and stores them. Refusals count in the market's ``rejected``, like orders.
+  and stores them. Refusals count in the market's ``rejected``, like orders. A node that
+  joins a peer takes the newest ``SYNC_MAX`` summaries the peer holds
+  (``/cx/summaries/1``), admitted alike and stored in one transaction.
 - *Scores.* A summary taken goes into a :class:`~protocol.reputation.TrustGraph` at once
   (O(1): the validator stays cheap). After a change the scores are computed again, at
   most once per ``Timings.maintenance_s`` and in a worker thread (propagation is
@@ -33,7 +35,15 @@ import trio
 
 from node.market.gossip import Market
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream, Verdict
-from node.net.wire import SUMMARIES_TOPIC, SUMMARY, PeerRefused, control, read_control, request
+from node.net.wire import (
+    SUMMARIES,
+    SUMMARIES_TOPIC,
+    SUMMARY,
+    PeerRefused,
+    control,
+    read_control,
+    request,
+)
 from protocol.encoding import decode
 from protocol.errors import InvalidMessage, ProtocolError, Reason
 from protocol.identity import PrivateKey, PublicKey
@@ -48,6 +58,7 @@ from protocol.reputation import (
     propagate,
     sign_summary,
     summarize,
+    wire_of,
 )
 from protocol.schema import from_value
 
@@ -59,6 +70,7 @@ __all__ = ["Reputation", "score_of"]
 log = logging.getLogger(__name__)
 
 _HARMLESS = frozenset({Reason.EXPIRED, Reason.REPLAYED, Reason.NOT_YET_VALID})
+SYNC_MAX = 5_000  # summaries a joining node takes from a peer (about 350 bytes each)
 
 
 def score_of(market: Market, peer: str) -> int:
@@ -79,6 +91,7 @@ class Reputation:
         self._graph = TrustGraph()
         self._stale = trio.Event()  # set when the scores lag the summaries
         self._asks_send, self._asks = trio.open_memory_channel[ReceiptSummary](math.inf)
+        self._joins_send, self._joins = trio.open_memory_channel[PeerId](math.inf)
         self._load()
 
     @property
@@ -89,10 +102,13 @@ class Reputation:
         """Admit gossiped summaries, serve and make summary exchanges; until cancelled."""
         channel = await self.market.net.subscribe(SUMMARIES_TOPIC, self._validate)
         self.market.net.serve(SUMMARY, self._serve)
+        self.market.net.serve(SUMMARIES, self._serve_sync)
         self.market.on_settled = self.settled
+        self.market.on_joined = self._joins_send.send_nowait
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._drain, channel)
             nursery.start_soon(self._rescore_loop)
+            nursery.start_soon(self._sync_loop)
             task_status.started()
             async for summary in self._asks:
                 nursery.start_soon(self._ask_payer, summary)
@@ -176,6 +192,34 @@ class Reputation:
         self._save(signed)
         self._take(signed.summary)
         return Verdict.ACCEPT
+
+    async def _sync_loop(self) -> None:
+        async for peer in self._joins:
+            await self.sync(peer)
+
+    async def sync(self, peer: PeerId) -> int:
+        """Take the summaries ``peer`` holds; returns how many were new here."""
+        frames: list[bytes] = []
+        try:
+            with trio.fail_after(self.market.timings.hello_timeout_s * 4):
+                stream = FramedStream(await self.market.net.open_stream(peer, SUMMARIES))
+                try:
+                    await stream.send_frame(control())
+                    while len(frames) < SYNC_MAX and (frame := await stream.receive_frame()):
+                        frames.append(frame)
+                finally:
+                    await stream.aclose()
+        except (NetworkError, trio.TooSlowError) as exc:
+            log.info("summary sync with %s failed: %s", peer, exc)
+        with self.market.db.atomic():  # one commit for the lot, not one per summary
+            verdicts = [self._validate(peer, frame) for frame in frames]
+        return verdicts.count(Verdict.ACCEPT)
+
+    async def _serve_sync(self, raw: Stream) -> None:
+        stream = FramedStream(raw)
+        read_control(await stream.receive_frame())
+        for row in self.market.db.signed_summaries(SYNC_MAX):
+            await stream.send_frame(wire_of(*row))
 
     def _knows(self, agreement_id: bytes) -> bool:
         return agreement_id in self._summaries

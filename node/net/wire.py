@@ -30,6 +30,7 @@ __all__ = [
     "NEGOTIATE",
     "OFFERS_TOPIC",
     "PING",
+    "SUMMARIES",
     "SUMMARIES_TOPIC",
     "SUMMARY",
     "TAPE",
@@ -53,6 +54,7 @@ PING = ProtocolId("/cx/ping/1")  # buyer to provider: is my job alive?
 INVITE = ProtocolId("/cx/invite/1")  # provider to buyer: an invitation, and its answer
 TAPE = ProtocolId("/cx/tape/1")  # the recent trade prints you kept, one frame each
 SUMMARY = ProtocolId("/cx/summary/1")  # provider to buyer: sign this receipt's summary too
+SUMMARIES = ProtocolId("/cx/summaries/1")  # the receipt summaries you hold, one frame each
 
 
 class PeerRefused(Exception):

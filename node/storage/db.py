@@ -450,6 +450,15 @@ class Database:
             )
         ]
 
+    def signed_summaries(self, limit: int) -> list[tuple[bytes, bytes, bytes]]:
+        """The newest ``limit`` summaries signed by both parties: bytes, payer's and payee's
+        signature."""
+        sql = (
+            "SELECT summary, payer_sig, payee_sig FROM summaries WHERE payer_sig NOTNULL"
+            " AND payee_sig NOTNULL ORDER BY at_ms DESC LIMIT ?"
+        )
+        return [(s, p, q) for s, p, q in self._rows(sql, (limit,))]
+
     def forget_summaries(self, before_ms: int) -> int:
         """Drop the summaries of receipts issued before ``before_ms``; returns how many."""
         return self._run("DELETE FROM summaries WHERE at_ms < ?", (before_ms,)).rowcount

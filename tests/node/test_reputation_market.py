@@ -94,6 +94,12 @@ async def test_a_receipt_summary_reaches_a_third_node_and_min_reputation_rules_o
         anyone = await run_job(second, c.image)
         assert anyone["provider"] == stranger.peer_id
 
+        # A node that joins later takes the summaries it missed from the peer it joins.
+        await until(lambda: len(signed_summaries(second)) == 5, second)  # every receipt
+        late = await c.start(c.home("late"))
+        await late.peer.join(second.addr)
+        await until(lambda: signed_summaries(late) == signed_summaries(second), late)
+
 
 async def test_gossiped_summaries_that_are_forged_one_signed_self_dealt_or_replayed_are_refused(
     image_layout: Path,
