@@ -9,7 +9,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import pytest
+import trio
 from market_support import (
+    BOUND,
     PRICE,
     Node,
     cluster,
@@ -23,7 +25,8 @@ from market_support import (
 
 from node.api.controller import NodeController
 from node.market.reputation import score_of
-from node.net.wire import SUMMARIES_TOPIC
+from node.net.memnet import serve_memory_network
+from node.net.wire import SUMMARIES_TOPIC, SUMMARY, PeerRefused, control, read_control, request
 from protocol.encoding import encode
 from protocol.errors import Reason
 from protocol.identity import PrivateKey, PublicKey
@@ -155,3 +158,29 @@ async def test_gossiped_summaries_that_are_forged_one_signed_self_dealt_or_repla
 
 def both_signed(summary: ReceiptSummary, payer: PrivateKey, payee: PrivateKey) -> bytes:
     return SignedSummary.by_both(summary, payer, payee).to_wire()
+
+
+async def test_a_buyer_signs_only_the_summary_of_a_receipt_it_countersigned(
+    image_layout: Path,
+) -> None:
+    """``/cx/summary/1``: a peer that asks a node to sign a summary naming it as payer, for
+    a receipt it never countersigned (or with another amount), is refused."""
+    async with cluster(image_layout) as c:
+        buyer = await c.buyer("buyer")
+        asker_key = PrivateKey.from_seed(b"\x09" * 32)
+        asker = await c.nursery.start(serve_memory_network, c.hub, asker_key.peer_id)
+        await asker.connect(buyer.addr)
+        summary = ReceiptSummary(
+            agreement_id=bytes(32),
+            payer=key_of(buyer),
+            payee=asker_key.public_key.raw,
+            amount=10**9,
+            stake=10**9,
+            outcome=Outcome.COMPLETED,
+            at_ms=buyer.peer.market.now_ms(),
+        )
+        ask = control(summary=summary.to_bytes(), signature=sign_summary(asker_key, summary))
+        with trio.fail_after(BOUND), pytest.raises(PeerRefused) as refused:
+            read_control(await request(asker, buyer.peer_id, SUMMARY, ask))
+        assert refused.value.reason == Reason.TERMS_MISMATCH.value
+        assert signed_summaries(buyer) == {}
