@@ -11,9 +11,11 @@ spec/reputation.md states the rules. The parts here:
   provider asks again for every summary still missing the buyer's signature.
 - *Gossip.* Summaries travel on ``cx/summaries/1``; the topic validator admits them with
   :func:`protocol.reputation.open_summary` (both signatures, no self-dealing, no replay)
-  and stores them. Refusals count in the market's ``rejected``, like orders. A node that
+  and stores them, in one transaction per maintenance period (a commit per summary held a
+  node to a few hundred a second; a summary lost to a crash is public and comes back with
+  the next sync). Refusals count in the market's ``rejected``, like orders. A node that
   joins a peer takes the newest ``SYNC_MAX`` summaries the peer holds
-  (``/cx/summaries/1``), admitted alike and stored in one transaction.
+  (``/cx/summaries/1``), admitted alike.
 - *Scores.* A summary taken goes into a :class:`~protocol.reputation.TrustGraph` at once
   (O(1): the validator stays cheap). After a change the scores are computed again, at
   most once per ``Timings.maintenance_s`` and in a worker thread (propagation is
@@ -82,6 +84,13 @@ def score_of(market: Market, peer: str) -> int:
     return market.trader.reputation.get(key, 0)
 
 
+def _row(
+    summary: ReceiptSummary, payer_sig: bytes | None, payee_sig: bytes | None
+) -> tuple[bytes, bytes, bytes | None, bytes | None, int]:
+    """A summary as the database keeps it (node/storage/db.py, ``save_summaries``)."""
+    return (summary.agreement_id, summary.to_bytes(), payer_sig, payee_sig, summary.at_ms)
+
+
 class Reputation:
     def __init__(self, market: Market, key: PrivateKey) -> None:
         self.market = market
@@ -92,6 +101,7 @@ class Reputation:
         self._stale = trio.Event()  # set when the scores lag the summaries
         self._asks_send, self._asks = trio.open_memory_channel[ReceiptSummary](math.inf)
         self._joins_send, self._joins = trio.open_memory_channel[PeerId](math.inf)
+        self._unsaved: list[SignedSummary] = []  # admitted from gossip, stored in batches
         self._load()
 
     @property
@@ -121,9 +131,7 @@ class Reputation:
         summary = summarize(agreement, receipt)
         signature = sign_summary(self.key, summary)
         payer_sig, payee_sig = (signature, None) if summary.payer == self.me else (None, signature)
-        self.market.db.save_summary(
-            summary.agreement_id, summary.to_bytes(), payer_sig, payee_sig, summary.at_ms
-        )
+        self.market.db.save_summaries([_row(summary, payer_sig, payee_sig)])
         self._take(summary)
         if summary.payee == self.me:
             self._asks_send.send_nowait(summary)
@@ -168,14 +176,18 @@ class Reputation:
 
     async def _publish(self, signed: SignedSummary) -> None:
         self._save(signed)
+        self.market.touch()
         await self.market.net.publish(SUMMARIES_TOPIC, signed.to_wire())
 
-    def _save(self, signed: SignedSummary) -> None:
-        s = signed.summary
-        self.market.db.save_summary(
-            s.agreement_id, s.to_bytes(), signed.payer_signature, signed.payee_signature, s.at_ms
+    def _save(self, *signed: SignedSummary) -> None:
+        self.market.db.save_summaries(
+            [_row(s.summary, s.payer_signature, s.payee_signature) for s in signed]
         )
-        self.market.touch()
+
+    def _flush(self) -> None:
+        if self._unsaved:
+            self._save(*self._unsaved)
+            self._unsaved = []
 
     # -- gossip -------------------------------------------------------------------------
 
@@ -189,7 +201,7 @@ class Reputation:
             rejected[exc.reason.value] = rejected.get(exc.reason.value, 0) + 1
             log.info("refused a summary from %s: %s", author, exc)
             return Verdict.REJECT
-        self._save(signed)
+        self._unsaved.append(signed)
         self._take(signed.summary)
         return Verdict.ACCEPT
 
@@ -211,9 +223,8 @@ class Reputation:
                     await stream.aclose()
         except (NetworkError, trio.TooSlowError) as exc:
             log.info("summary sync with %s failed: %s", peer, exc)
-        with self.market.db.atomic():  # one commit for the lot, not one per summary
-            verdicts = [self._validate(peer, frame) for frame in frames]
-        return verdicts.count(Verdict.ACCEPT)
+        verdicts = [self._validate(peer, frame) for frame in frames]
+        return verdicts.count(Verdict.ACCEPT)  # stored with the next scores
 
     async def _serve_sync(self, raw: Stream) -> None:
         stream = FramedStream(raw)
@@ -239,20 +250,29 @@ class Reputation:
         self._stale.set()
 
     async def _rescore_loop(self) -> None:
-        while True:
-            await self._stale.wait()
-            self._stale = trio.Event()
-            self._forget_old()
-            links = self._graph.links()
-            fresh = await trio.to_thread.run_sync(propagate, self.me, links)
-            reputation = self.market.trader.reputation
-            verdicts = {k: v for k, v in reputation.items() if v < 0}
-            reputation.clear()
-            reputation.update(fresh)
-            reputation.update(verdicts)
-            self.market.on_rescored()
-            self.market.touch()
-            await trio.sleep(self.market.timings.maintenance_s)
+        try:
+            while True:
+                await self._rescore()
+        finally:
+            self._flush()  # a clean stop keeps every summary admitted
+
+    async def _rescore(self) -> None:
+        """Wait for new summaries; store them, score again, and rest a maintenance period.
+        The summaries and the scores they make show together: one touch for both."""
+        await self._stale.wait()
+        self._stale = trio.Event()
+        self._flush()
+        self._forget_old()
+        links = self._graph.links()
+        fresh = await trio.to_thread.run_sync(propagate, self.me, links)
+        reputation = self.market.trader.reputation
+        verdicts = {k: v for k, v in reputation.items() if v < 0}
+        reputation.clear()
+        reputation.update(fresh)
+        reputation.update(verdicts)
+        self.market.on_rescored()
+        self.market.touch()
+        await trio.sleep(self.market.timings.maintenance_s)
 
     def _forget_old(self) -> None:
         horizon = self.market.now_ms() - HORIZON_MS

@@ -425,21 +425,18 @@ class Database:
 
     # -- receipt summaries (node/market/reputation.py) -------------------------------------
 
-    def save_summary(
-        self,
-        agreement_id: bytes,
-        summary: bytes,
-        payer_sig: bytes | None,
-        payee_sig: bytes | None,
-        at_ms: int,
+    def save_summaries(
+        self, rows: list[tuple[bytes, bytes, bytes | None, bytes | None, int]]
     ) -> None:
-        """Store a receipt summary; a signature already stored is kept where none is given."""
-        self._run(
-            "INSERT INTO summaries VALUES (?, ?, ?, ?, ?) ON CONFLICT (agreement_id) DO UPDATE"
-            " SET payer_sig = COALESCE(excluded.payer_sig, payer_sig),"
-            " payee_sig = COALESCE(excluded.payee_sig, payee_sig)",
-            (agreement_id, summary, payer_sig, payee_sig, at_ms),
-        )
+        """Store receipt summaries, ``(agreement_id, summary, payer_sig, payee_sig, at_ms)``,
+        in one transaction; a signature already stored is kept where none is given."""
+        with self.atomic():
+            self._conn.executemany(
+                "INSERT INTO summaries VALUES (?, ?, ?, ?, ?) ON CONFLICT (agreement_id)"
+                " DO UPDATE SET payer_sig = COALESCE(excluded.payer_sig, payer_sig),"
+                " payee_sig = COALESCE(excluded.payee_sig, payee_sig)",
+                rows,
+            )
 
     def summaries(self) -> list[tuple[bytes, bytes, bytes | None, bytes | None]]:
         """Every stored summary: agreement id, summary bytes, payer's and payee's signature."""
