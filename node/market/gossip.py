@@ -223,7 +223,7 @@ class Market:
 
     async def sync_tape(self, peer: PeerId) -> int:
         """Take the recent prints ``peer`` kept; returns how many were new here."""
-        return await self._pull(peer, TAPE, self._validate_print)
+        return await self.pull(peer, TAPE, self._validate_print)
 
     async def _serve_tape(self, raw: Stream) -> None:
         stream = FramedStream(raw)
@@ -305,9 +305,9 @@ class Market:
 
     async def sync_book(self, peer: PeerId) -> int:
         """Take the live orders of ``peer``'s book; returns how many were new here."""
-        return await self._pull(peer, BOOK, self._validate)
+        return await self.pull(peer, BOOK, self._validate)
 
-    async def _pull(
+    async def pull(
         self, peer: PeerId, protocol: ProtocolId, admit: Callable[[PeerId, bytes], Verdict]
     ) -> int:
         """Ask ``peer`` for what it serves on ``protocol`` and ``admit`` each frame as if it

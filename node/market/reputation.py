@@ -72,7 +72,7 @@ __all__ = ["Reputation", "score_of"]
 log = logging.getLogger(__name__)
 
 _HARMLESS = frozenset({Reason.EXPIRED, Reason.REPLAYED, Reason.NOT_YET_VALID})
-SYNC_MAX = 5_000  # summaries a joining node takes from a peer (about 350 bytes each)
+SYNC_MAX = 5_000  # the newest summaries a node serves one that joins (about 350 bytes each)
 
 
 def score_of(market: Market, peer: str) -> int:
@@ -210,21 +210,9 @@ class Reputation:
             await self.sync(peer)
 
     async def sync(self, peer: PeerId) -> int:
-        """Take the summaries ``peer`` holds; returns how many were new here."""
-        frames: list[bytes] = []
-        try:
-            with trio.fail_after(self.market.timings.hello_timeout_s * 4):
-                stream = FramedStream(await self.market.net.open_stream(peer, SUMMARIES))
-                try:
-                    await stream.send_frame(control())
-                    while len(frames) < SYNC_MAX and (frame := await stream.receive_frame()):
-                        frames.append(frame)
-                finally:
-                    await stream.aclose()
-        except (NetworkError, trio.TooSlowError) as exc:
-            log.info("summary sync with %s failed: %s", peer, exc)
-        verdicts = [self._validate(peer, frame) for frame in frames]
-        return verdicts.count(Verdict.ACCEPT)  # stored with the next scores
+        """Take the summaries ``peer`` holds; returns how many were new here (stored with
+        the next scores)."""
+        return await self.market.pull(peer, SUMMARIES, self._validate)
 
     async def _serve_sync(self, raw: Stream) -> None:
         stream = FramedStream(raw)
