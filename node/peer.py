@@ -39,6 +39,7 @@ from node.market.buyer import FINAL_STATES, WAITING_STATES, Buyer
 from node.market.gossip import Market
 from node.market.provider import Provider, Runner
 from node.market.remote import resolve_remote
+from node.market.reputation import Reputation
 from node.market.request import JobRequest, parse_request, resolve
 from node.market.score_check import ScoreCheck, ScoreCheckError, check_score
 from node.net.transport import Network, NetworkError
@@ -353,6 +354,7 @@ async def serve_peer(
                 entropy=entropy,
             )
             await nursery.start(market.run)
+            await nursery.start(Reputation(market, key).run)
             transfer.serve_blobs(net, store)
             known: dict[bytes, list[bytes]] = {}
             for provider_key, name in db.trusted_aks():

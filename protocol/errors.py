@@ -60,6 +60,8 @@ class Reason(enum.StrEnum):
     WRONG_PARTY = "wrong-party"
     TERMS_MISMATCH = "terms-mismatch"
     ILLEGAL_TRANSITION = "illegal-transition"
+    # reputation (spec/reputation.md)
+    SELF_DEALING = "self-dealing"
 
 
 class ProtocolError(Exception):

@@ -11,7 +11,7 @@ Rules:
   trip), the buyer when it agrees. The buyer publishes the signed print on the tape topic.
 - A node admits a print only with both signatures valid under the keys it names, from two
   different keys, not seen before (by ``trade_id``), and inside its time window; anything
-  else is refused with a reason: ``bad-signature`` (forged, or one signature), ``wrong-party``
+  else is refused with a reason: ``bad-signature`` (forged, or one signature), ``self-dealing``
   (buyer and provider the same key), ``replayed``, ``expired``, ``not-yet-valid``.
 - :class:`Tape` keeps the admitted prints of the last ``retention_ms``; :func:`candles`
   turns prints into OHLC candles per interval.
@@ -97,7 +97,7 @@ class SignedPrint:
     def assemble(
         cls, trade: TradePrint, buyer_signature: bytes, provider_signature: bytes
     ) -> SignedPrint:
-        """Raises InvalidMessage (BAD_SIGNATURE, BAD_KEY, WRONG_PARTY)."""
+        """Raises InvalidMessage (BAD_SIGNATURE, BAD_KEY, SELF_DEALING)."""
         raw = _bytes(trade)
         _verify(trade, raw, buyer_signature, provider_signature)
         wire = encode(
@@ -111,7 +111,7 @@ class SignedPrint:
 
         Raises:
             DecodeError, InvalidMessage: BAD_SIGNATURE (forged, or one signature missing),
-            WRONG_PARTY (one key on both sides), or a schema reason.
+            SELF_DEALING (one key on both sides), or a schema reason.
         """
         raw, buyer_sig, provider_sig = bytes_fields(
             decode(data), ("print", "buyer_sig", "provider_sig"), "trade print"
@@ -123,7 +123,7 @@ class SignedPrint:
 
 def _verify(trade: TradePrint, raw: bytes, buyer_sig: bytes, provider_sig: bytes) -> None:
     if trade.buyer == trade.provider:
-        raise InvalidMessage(Reason.WRONG_PARTY, "a trade needs two parties")
+        raise InvalidMessage(Reason.SELF_DEALING, "a trade needs two parties")
     PublicKey(trade.buyer).verify(TRADE_PRINT_DOMAIN, raw, buyer_sig)
     PublicKey(trade.provider).verify(TRADE_PRINT_DOMAIN, raw, provider_sig)
 

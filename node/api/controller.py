@@ -17,6 +17,7 @@ import trio
 from node.api import views
 from node.api.common import ApiError, clear_api_info, write_api_info
 from node.api.server import serve_api
+from node.market.reputation import score_of
 from node.market.request import JobRequest, RequestError
 from node.peer import Conflict, Peer, PeerError, UnknownJob
 
@@ -63,7 +64,12 @@ class NodeController:
     def peers(self) -> list[Json]:
         net, addresses = self.peer.net, self.peer.market.addresses
         return [
-            {"peer_id": p, "score": net.score(p), "addrs": [a] if (a := addresses.get(p)) else []}
+            {
+                "peer_id": p,
+                "score": net.score(p),
+                "reputation": score_of(self.peer.market, p),
+                "addrs": [a] if (a := addresses.get(p)) else [],
+            }
             for p in sorted(net.peers())
         ]
 

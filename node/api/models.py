@@ -89,6 +89,7 @@ class NodeView(_View):
 class PeerView(_View):
     peer_id: str
     score: float
+    reputation: int = 0  # this node's reputation of the peer, parts per million of its trust
     addrs: list[str] = []
 
 

@@ -88,8 +88,10 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
 
     peers = commands.add_parser(
         "peers",
-        help="the peers this node is connected to, with their scores",
-        description="The peers this node is connected to and the score it keeps for each.",
+        help="the peers this node is connected to, with their scores and reputations",
+        description="The peers this node is connected to, the gossip score it keeps for each,"
+        " and its reputation of each from receipts (parts per million of this node's trust,"
+        " spec/reputation.md).",
     )
     add_common(peers, json_help="print the peers as JSON")
     peers.set_defaults(run=talk("cx peers", _peers))
@@ -245,11 +247,12 @@ def _peers(args: argparse.Namespace) -> int:
         (
             p["peer_id"],
             f"{p['score']:g}" if isinstance(p.get("score"), int | float) else "-",
+            str(p.get("reputation", 0)),
             _addrs(p.get("addrs") or []),
         )
         for p in peers
     ]
-    print(table(("PEER", "SCORE", "ADDRESS"), rows, right=(1,)))
+    print(table(("PEER", "SCORE", "REPUTATION", "ADDRESS"), rows, right=(1, 2)))
     return 0
 
 

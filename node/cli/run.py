@@ -171,6 +171,14 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         default="none",
         help="attestation the provider must give; default none",
     )
+    where.add_argument(
+        "--min-reputation",
+        type=int,
+        default=0,
+        metavar="PPM",
+        help="the least reputation the provider must have with this node, in parts per million"
+        " of its trust (see `cx peers`); default 0: any provider",
+    )
     job = p.add_argument_group("the job")
     job.add_argument(
         "--input",
@@ -298,6 +306,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "arch": args.arch,
         "regions": args.region,
         "trust": args.trust,
+        "min_reputation": args.min_reputation,
         "inputs": inputs,
         "preemptible": args.preemptible,
         "checkpoint_path": args.checkpoint_path,

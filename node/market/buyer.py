@@ -124,6 +124,7 @@ class Buyer:
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self.market.on_match = self._on_match
+            self.market.on_rescored = self._rematch_waiting
             self.market.net.serve(JOB, self._serve_job)
             self.market.net.serve(INVITE, self._serve_invite)
             self._restore()
@@ -266,6 +267,15 @@ class Buyer:
             return
         self._negotiating.add(bid_id)
         self._nursery.start_soon(self._negotiate, match)
+
+    def _rematch_waiting(self) -> None:
+        """Reputation scores changed: a bid that waits for a reputable provider (its
+        ``min_reputation``) may match an offer it could not before."""
+        now = self.market.now_ms()
+        resting = self.buying.trader.book.bids
+        for bid_id in [b for b in self._bid_jobs if b in resting and b not in self._negotiating]:
+            for match in self.buying.next_match(MessageId(bid_id), now_ms=now):
+                self._on_match(match)
 
     async def _negotiate(self, match: Match | None) -> None:
         assert match is not None
@@ -561,6 +571,7 @@ class Buyer:
             self.db.set_agreement_state(agreement.id, JobState.SETTLED.value)
             if job_id is not None:
                 self._record_outcome(job_id, receipt)
+        self.market.on_settled(agreement, countersigned)
         if agreement.id in self._followed:
             self._followed[agreement.id].set()
         if (

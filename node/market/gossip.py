@@ -47,6 +47,8 @@ from protocol.book import Match
 from protocol.envelope import Signed
 from protocol.errors import LocalProtocolError, ProtocolError, Reason
 from protocol.messages import Bid
+from protocol.negotiation import Agreement
+from protocol.receipts import CountersignedReceipt
 from protocol.tape import SignedPrint, Tape
 from protocol.trader import Trader
 
@@ -91,6 +93,10 @@ class Market:
         self._unsaved_prints: list[tuple[bytes, int, bytes]] = []
         self.rejected: dict[str, int] = {}  # gossip refused, by reason
         self.on_match: Callable[[Match], None] = lambda match: None
+        # A receipt of ours was countersigned (node/market/reputation.py counts it).
+        self.on_settled: Callable[[Agreement, CountersignedReceipt], None] = lambda a, r: None
+        self.on_rescored: Callable[[], None] = lambda: None  # reputation scores changed
+        self.on_joined: Callable[[PeerId], None] = lambda peer: None  # after join's syncs
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
         self._changed = trio.Event()
 
@@ -217,7 +223,7 @@ class Market:
 
     async def sync_tape(self, peer: PeerId) -> int:
         """Take the recent prints ``peer`` kept; returns how many were new here."""
-        return await self._pull(peer, TAPE, self._validate_print)
+        return await self.pull(peer, TAPE, self._validate_print)
 
     async def _serve_tape(self, raw: Stream) -> None:
         stream = FramedStream(raw)
@@ -249,6 +255,7 @@ class Market:
         await self.sync_book(peer)
         await self.sync_tape(peer)
         await self._announce()
+        self.on_joined(peer)
         return peer
 
     async def _announce(self) -> None:
@@ -298,9 +305,9 @@ class Market:
 
     async def sync_book(self, peer: PeerId) -> int:
         """Take the live orders of ``peer``'s book; returns how many were new here."""
-        return await self._pull(peer, BOOK, self._validate)
+        return await self.pull(peer, BOOK, self._validate)
 
-    async def _pull(
+    async def pull(
         self, peer: PeerId, protocol: ProtocolId, admit: Callable[[PeerId, bytes], Verdict]
     ) -> int:
         """Ask ``peer`` for what it serves on ``protocol`` and ``admit`` each frame as if it

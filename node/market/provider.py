@@ -65,6 +65,7 @@ from protocol.messages import (
     UsageReceipt,
 )
 from protocol.negotiation import Agreement, terms_hash
+from protocol.receipts import CountersignedReceipt
 from protocol.selling import Selling
 
 __all__ = ["Provider", "Runner"]
@@ -517,6 +518,9 @@ class Provider:
             self.db.settle(entry, receipt[0], countersigned, self.market.now_ms())
             self.db.set_agreement_state(entry.agreement_id, JobState.SETTLED.value)
             self.db.delivered(item_id)
+        agreement = self.selling.agreements[entry.agreement_id]
+        settled = CountersignedReceipt.from_wire(countersigned, {agreement.id: agreement})
+        self.market.on_settled(agreement, settled)
         self.market.touch()
 
     # -- restart -----------------------------------------------------------------------

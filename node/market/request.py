@@ -261,6 +261,8 @@ class JobRequest(_Frozen):
     arch: Arch | None = None
     regions: tuple[Text, ...] = ()
     trust: TrustLevel = TrustLevel.NONE
+    # Parts per million of the buyer node's trust (spec/reputation.md); 0 takes anyone.
+    min_reputation: Annotated[int, Field(ge=0, le=1_000_000)] = 0
     inputs: tuple[Input, ...] = ()
     preemptible: bool = False
     checkpoint_path: AbsPath | None = None
@@ -438,6 +440,7 @@ def bid_from_request(request: JobRequest) -> Bid:
                 provider=None
                 if request.provider is None
                 else PublicKey.from_peer_id(request.provider).raw,
+                min_reputation=request.min_reputation,
             ),
             preemptible=request.preemptible,
             max_work_price=request.max_work_price,

@@ -30,6 +30,9 @@ __all__ = [
     "NEGOTIATE",
     "OFFERS_TOPIC",
     "PING",
+    "SUMMARIES",
+    "SUMMARIES_TOPIC",
+    "SUMMARY",
     "TAPE",
     "TAPE_TOPIC",
     "PeerRefused",
@@ -41,6 +44,7 @@ __all__ = [
 OFFERS_TOPIC = "cx/offers/1"
 BIDS_TOPIC = "cx/bids/1"
 TAPE_TOPIC = "cx/tape/1"  # trade prints signed by both parties (protocol/tape.py)
+SUMMARIES_TOPIC = "cx/summaries/1"  # receipt summaries, signed by both parties
 
 HELLO = ProtocolId("/cx/hello/1")  # addresses: mine and the peers I know
 BOOK = ProtocolId("/cx/book/1")  # the live orders of your book, one frame each
@@ -49,6 +53,8 @@ JOB = ProtocolId("/cx/job/1")  # provider to buyer: a status or a receipt, and i
 PING = ProtocolId("/cx/ping/1")  # buyer to provider: is my job alive?
 INVITE = ProtocolId("/cx/invite/1")  # provider to buyer: an invitation, and its answer
 TAPE = ProtocolId("/cx/tape/1")  # the recent trade prints you kept, one frame each
+SUMMARY = ProtocolId("/cx/summary/1")  # provider to buyer: sign this receipt's summary too
+SUMMARIES = ProtocolId("/cx/summaries/1")  # the receipt summaries you hold, one frame each
 
 
 class PeerRefused(Exception):

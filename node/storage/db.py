@@ -72,6 +72,11 @@ CREATE TABLE IF NOT EXISTS trusted_aks (
 CREATE TABLE IF NOT EXISTS tape (
     trade_id BLOB PRIMARY KEY, at_ms INTEGER NOT NULL, wire BLOB NOT NULL
 );
+CREATE TABLE IF NOT EXISTS summaries (
+    agreement_id BLOB PRIMARY KEY, summary BLOB NOT NULL, payer_sig BLOB, payee_sig BLOB,
+    at_ms INTEGER NOT NULL
+);
+CREATE INDEX IF NOT EXISTS summaries_at ON summaries (at_ms);
 CREATE TABLE IF NOT EXISTS quarantine (
     id INTEGER PRIMARY KEY AUTOINCREMENT, source TEXT NOT NULL, record TEXT NOT NULL,
     reason TEXT NOT NULL, at_ms INTEGER NOT NULL
@@ -86,6 +91,7 @@ _KEYS = {
     "ledger": "agreement_id",
     "outbox": "id",
     "tape": "trade_id",
+    "summaries": "agreement_id",
 }
 
 
@@ -416,3 +422,40 @@ class Database:
 
     def forget_prints_before(self, at_ms: int) -> None:
         self._run("DELETE FROM tape WHERE at_ms < ?", (at_ms,))
+
+    # -- receipt summaries (node/market/reputation.py) -------------------------------------
+
+    def save_summaries(
+        self, rows: list[tuple[bytes, bytes, bytes | None, bytes | None, int]]
+    ) -> None:
+        """Store receipt summaries, ``(agreement_id, summary, payer_sig, payee_sig, at_ms)``,
+        in one transaction; a signature already stored is kept where none is given."""
+        with self.atomic():
+            self._conn.executemany(
+                "INSERT INTO summaries VALUES (?, ?, ?, ?, ?) ON CONFLICT (agreement_id)"
+                " DO UPDATE SET payer_sig = COALESCE(excluded.payer_sig, payer_sig),"
+                " payee_sig = COALESCE(excluded.payee_sig, payee_sig)",
+                rows,
+            )
+
+    def summaries(self) -> list[tuple[bytes, bytes, bytes | None, bytes | None]]:
+        """Every stored summary: agreement id, summary bytes, payer's and payee's signature."""
+        return [
+            (a, s, p, q)
+            for a, s, p, q in self._rows(
+                "SELECT agreement_id, summary, payer_sig, payee_sig FROM summaries"
+            )
+        ]
+
+    def signed_summaries(self, limit: int) -> list[tuple[bytes, bytes, bytes]]:
+        """The newest ``limit`` summaries signed by both parties: bytes, payer's and payee's
+        signature."""
+        sql = (
+            "SELECT summary, payer_sig, payee_sig FROM summaries WHERE payer_sig NOTNULL"
+            " AND payee_sig NOTNULL ORDER BY at_ms DESC LIMIT ?"
+        )
+        return [(s, p, q) for s, p, q in self._rows(sql, (limit,))]
+
+    def forget_summaries(self, before_ms: int) -> int:
+        """Drop the summaries of receipts issued before ``before_ms``; returns how many."""
+        return self._run("DELETE FROM summaries WHERE at_ms < ?", (before_ms,)).rowcount

@@ -20,6 +20,7 @@ import nacl.public
 HERE = Path(__file__).resolve().parent
 sys.path[:0] = [str(HERE), str(HERE.parent.parent)]
 
+from reputation_vectors import reputation
 from tagged import to_json
 
 from attest.enrolment import ENROLMENT_TTL_MS
@@ -1049,3 +1050,4 @@ if __name__ == "__main__":
     pricing()
     tape()
     work()
+    reputation()

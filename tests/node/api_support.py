@@ -87,7 +87,12 @@ class FakeController:
         if self.broken:
             raise RuntimeError("peer table corrupted")
         return [
-            {"peer_id": PEER_A, "score": 12.5, "addrs": ["/ip4/10.0.0.2/tcp/4001"]},
+            {
+                "peer_id": PEER_A,
+                "score": 12.5,
+                "reputation": 439_320,
+                "addrs": ["/ip4/10.0.0.2/tcp/4001"],
+            },
             {"peer_id": "12D3KooWOther", "score": -3, "addrs": []},
         ]
 

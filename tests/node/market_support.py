@@ -23,6 +23,7 @@ from node.clock import Clock, Timings
 from node.market.provider import Runner
 from node.market.request import build_request
 from node.net.memnet import MemoryHub, serve_memory_network
+from node.net.transport import Network
 from node.peer import Peer, serve_peer
 from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
 from node.storage.image import import_image
@@ -181,6 +182,16 @@ async def submit(
         **{"cpu_milli": 500, "memory_bytes": 64 * MiB, "wall_ms": 60_000, **fields},
     )
     return views.job(await node.peer.submit(request))
+
+
+async def gossip_peer(c: Cluster, node: Node, topic: str, peer_id: str) -> Network:
+    """A bare network peer that speaks gossip only, linked to ``node`` alone; returns once
+    ``node`` takes its gossip on ``topic``."""
+    peer: Network = await c.nursery.start(serve_memory_network, c.hub, peer_id)
+    await peer.connect(node.addr)
+    with trio.fail_after(node.bound):
+        await peer.wait_subscribed(node.peer_id, topic)
+    return peer
 
 
 def job(node: Node, job_id: str) -> dict[str, Any]:

@@ -375,6 +375,7 @@ def test_a_complete_request_round_trips_through_json():
         "arch": "arm64",
         "regions": ["eu"],
         "trust": "sev-snp",
+        "min_reputation": 250_000,
         "inputs": [
             {"path": "/in/a", "file": "/tmp/a"},
             {"path": "/in/b", "digest": DIGEST, "size": 7},

@@ -166,8 +166,9 @@ async def test_market_ledger_peers(node, cx):
 
     code, out, _ = await cx("peers")
     assert code == 0
-    assert out.splitlines()[1].split() == [PEER_A, "12.5", "/ip4/10.0.0.2/tcp/4001"]
-    assert out.splitlines()[2].split() == ["12D3KooWOther", "-3", "-"]
+    assert out.splitlines()[0].split() == ["PEER", "SCORE", "REPUTATION", "ADDRESS"]
+    assert out.splitlines()[1].split() == [PEER_A, "12.5", "439320", "/ip4/10.0.0.2/tcp/4001"]
+    assert out.splitlines()[2].split() == ["12D3KooWOther", "-3", "0", "-"]
     code, out, _ = await cx("peers", "--json")
     assert len(json.loads(out)) == 2
 

@@ -30,6 +30,7 @@ from market_support import (
     cluster,
     events,
     finished,
+    gossip_peer,
     job,
     ledger,
     market,
@@ -41,7 +42,6 @@ from market_support import (
 
 from node.api import views
 from node.clock import Timings
-from node.net.memnet import serve_memory_network
 from node.net.wire import OFFERS_TOPIC
 from node.peer import Conflict, PeerError
 from protocol.envelope import Signed, domain_of, open_signed, seal
@@ -367,12 +367,8 @@ async def test_forged_gossip_is_rejected_and_not_forwarded_and_expired_gossip_is
         middle = await c.start(c.home("middle"))
         far = await c.start(c.home("far"))
         await far.peer.join(middle.addr)
-        # A bare network peer that speaks gossip only, linked to the middle node alone.
         forger_key = PrivateKey.from_seed(b"\x07" * 32)
-        forger = await c.nursery.start(serve_memory_network, c.hub, forger_key.peer_id)
-        await forger.connect(middle.addr)
-        with trio.fail_after(BOUND):
-            await forger.wait_subscribed(middle.peer_id, OFFERS_TOPIC)
+        forger = await gossip_peer(c, middle, OFFERS_TOPIC, forger_key.peer_id)
 
         now = middle.peer.market.now_ms()
         expired = signed_offer(forger_key, issued_ms=now - 7_200_000)

@@ -55,6 +55,16 @@ def eventually(probe: Callable[[], T]) -> T:
     return value
 
 
+def signed_summaries(db_path: Path) -> int:
+    """How many receipt summaries the node's database holds with both signatures."""
+    with sqlite3.connect(db_path) as db:
+        query = (
+            "SELECT count(*) FROM summaries WHERE payer_sig IS NOT NULL AND payee_sig IS NOT NULL"
+        )
+        (count,) = db.execute(query).fetchone()
+    return int(count)
+
+
 @pytest.fixture
 def root() -> Iterator[Path]:
     """A directory the containers' mapped uid can traverse. Not under pytest's tmp_path:
@@ -79,6 +89,9 @@ def test_default_workload_settles_everywhere(root: Path) -> None:
     with Testnet(3, 2, work=root) as net:
         net.start()
         verdict = net.run(timeout_s=90)
+        # Each receipt's summary, signed by both parties, reached every node over libp2p.
+        for node in net.nodes:
+            eventually(lambda node=node: signed_summaries(node.home.db_path) == 6)
     assert verdict.problems == []
     states = {v["plan"]: v["state"] for v in verdict.jobs}
     assert states["attested"] == "succeeded"

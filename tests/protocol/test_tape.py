@@ -136,7 +136,7 @@ def test_a_trade_with_oneself_is_refused():
     trade = replace(_trade(), provider=BUYER.public_key.raw)
     with pytest.raises(InvalidMessage) as info:
         SignedPrint.assemble(trade, sign_print(BUYER, trade), sign_print(BUYER, trade))
-    assert info.value.reason is Reason.WRONG_PARTY
+    assert info.value.reason is Reason.SELF_DEALING
 
 
 def test_candles_open_high_low_close_per_interval():
