@@ -228,8 +228,8 @@ def _surge_plans() -> tuple[JobPlan, ...]:
 
 
 def _prices_rose_and_fell(verdict: Verdict) -> None:
-    """The CPU prices the surge's jobs paid are above those before it, and those after it
-    are below the surge's highest."""
+    """The CPU prices the surge's jobs paid are on average above the highest before it,
+    and the highest after it is below the surge's highest."""
     paid: dict[str, list[int]] = {}
     for view in verdict.jobs:
         if view.get("price"):
@@ -238,10 +238,10 @@ def _prices_rose_and_fell(verdict: Verdict) -> None:
     if not (before and surge and after):
         verdict.problems.append("a phase of the surge traded nothing")
         return
-    if statistics.median(surge) <= max(before):
+    if statistics.mean(surge) <= max(before):
         verdict.problems.append(
-            f"prices did not rise in the surge: before {before}, surge median "
-            f"{statistics.median(surge)}"
+            f"prices did not rise in the surge: before {before}, surge mean "
+            f"{statistics.mean(surge):.0f}"
         )
     if max(after) >= max(surge):
         verdict.problems.append(f"prices did not fall after the surge: after {after}")
