@@ -119,6 +119,11 @@ class Market:
         """Return at the next :meth:`touch`."""
         await self._changed.wait()
 
+    def next_change(self) -> trio.Event:
+        """The event the next :meth:`touch` sets: taken before looking at the state, it
+        cannot miss a change that comes between the look and the wait."""
+        return self._changed
+
     async def run(self, *, task_status: TaskStatus[None] = trio.TASK_STATUS_IGNORED) -> None:
         """Join the topics and serve hello, book and tape; runs until cancelled."""
         self._restore_tape()

@@ -211,15 +211,17 @@ async def until(what: Callable[[], Any], *nodes: Node) -> Any:
     """Wait until ``what()`` is truthy, re-checking whenever one of ``nodes`` reports a
     change (a job, its book, its ledger); bounded."""
     with trio.fail_after(max(node.bound for node in nodes)):
-        while not (value := what()):
+        while True:
+            changes = [node.peer.market.next_change() for node in nodes]  # before the look
+            if value := what():
+                return value
             async with trio.open_nursery() as nursery:
-                for node in nodes:
-                    nursery.start_soon(_woken, node, nursery.cancel_scope)
-        return value
+                for change in changes:
+                    nursery.start_soon(_woken, change, nursery.cancel_scope)
 
 
-async def _woken(node: Node, scope: trio.CancelScope) -> None:
-    await node.peer.changed()
+async def _woken(change: trio.Event, scope: trio.CancelScope) -> None:
+    await change.wait()
     scope.cancel()
 
 
