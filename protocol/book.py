@@ -130,7 +130,11 @@ def _fieldwise(pick: Callable[[int, int], int], a: _F | None, b: _F) -> _F:
 
 
 def _fits(bid: Bid, offer: RestingOffer, reputation: Reputation) -> bool:
-    return all(check(bid, offer, reputation) for _, check in CONSTRAINTS)
+    # A plain loop, not all() over a generator: every gossiped order comes through here.
+    for _, check in CONSTRAINTS:  # noqa: SIM110
+        if not check(bid, offer, reputation):
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -32,21 +32,25 @@ _DENOMINATOR = _GIB * _US_PER_HOUR
 
 def cost(prices: Prices, reserved: Resources, usage: Usage) -> int:
     """Cost of ``usage`` of ``reserved`` resources at ``prices``, floored once."""
-    wall_us = usage.wall_ms * 1000
-    numerator = (
-        usage.cpu_us * prices.cpu_core_hour * _GIB
-        + reserved.memory_bytes * wall_us * prices.memory_gib_hour
-        + reserved.disk_bytes * wall_us * prices.disk_gib_hour
-        + reserved.gpus * wall_us * prices.gpu_hour * _GIB
-    )
-    return numerator // _DENOMINATOR
+    return _cost(prices, reserved, usage.wall_ms, usage.cpu_us)
 
 
 def quote(prices: Prices, reserved: Resources, wall_ms: int) -> int:
     """Worst-case cost: all reserved CPU busy for the whole ``wall_ms``."""
     # millicores x ms = microseconds of CPU time
-    worst = Usage(wall_ms=wall_ms, cpu_us=reserved.cpu_milli * wall_ms)
-    return cost(prices, reserved, worst)
+    return _cost(prices, reserved, wall_ms, reserved.cpu_milli * wall_ms)
+
+
+def _cost(prices: Prices, reserved: Resources, wall_ms: int, cpu_us: int) -> int:
+    # No Usage built here: matching quotes every candidate offer, so this is a hot path.
+    wall_us = wall_ms * 1000
+    numerator = (
+        cpu_us * prices.cpu_core_hour * _GIB
+        + reserved.memory_bytes * wall_us * prices.memory_gib_hour
+        + reserved.disk_bytes * wall_us * prices.disk_gib_hour
+        + reserved.gpus * wall_us * prices.gpu_hour * _GIB
+    )
+    return numerator // _DENOMINATOR
 
 
 def charge(
