@@ -470,12 +470,16 @@ class Provider:
 
     async def _deliver_to(self, peer: str) -> None:
         """Deliver ``peer``'s queued messages in order; stop at the first that fails."""
+        delivered = False
         try:
             for item_id, agreement_id, _, wire in _for_peer(self.db.outbox(), peer):
                 if not await self._deliver(item_id, agreement_id, PeerId(peer), wire):
                     return
+            delivered = True
         finally:
             self._delivering.discard(peer)
+            if delivered:  # a message queued while we delivered goes now, not at the retry
+                self._wake.set()
 
     async def _deliver(self, item_id: int, agreement_id: bytes, peer: PeerId, wire: bytes) -> bool:
         try:
