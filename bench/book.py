@@ -11,6 +11,7 @@ offers and half bids from 200 signers, every one signed and admitted through the
 The baseline is the same figures at 10^3 in the same run; goal: no more than 1.5x slower
 at 10^6. Orders are made by patching prices, signer and nonce into encoded templates (every
 one a canonical body, then signed), so making a million takes seconds, not minutes.
+The garbage collector is set as `cx node` sets it (node/gc_policy.py).
 Prints a table, then one JSON line.
 Usage: .venv/bin/python bench/book.py [--max-exp 6]
 """
@@ -26,10 +27,12 @@ import sys
 import time
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 from factories import GIB, HOUR_MS, T0, Nonces, bid, key, offer
 
+from node.gc_policy import tune_gc
 from protocol.envelope import domain_of, seal
 from protocol.identity import PrivateKey
 from protocol.messages import Arch, Constraints
@@ -127,6 +130,7 @@ def main() -> None:
     parser = argparse.ArgumentParser()
     parser.add_argument("--max-exp", type=int, default=6, help="largest book: 10^N orders")
     args = parser.parse_args()
+    tune_gc()  # as `cx node` does
     maker = OrderMaker(seed=14)
     node = Trader(key("the node"))
     own = Nonces("own")

@@ -7,7 +7,8 @@ Measures in one run, on the same signed messages:
   own active orders for incoming ones to match against.
 Goal: pipeline >= 0.8x raw. The two alternate every CHUNK orders, so a noisy neighbour
 slows both alike; the ratio is the median of the rounds' ratios (wall clock; the CPU-time
-ratio is printed beside it). Prints a table, then one
+ratio is printed beside it). The process's garbage collector is set as `cx node` sets
+it (node/gc_policy.py). Prints a table, then one
 JSON line.
 """
 
@@ -22,11 +23,13 @@ import time
 from dataclasses import dataclass
 from pathlib import Path
 
+sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import nacl.signing
 from factories import GIB, HOUR_MS, T0, Nonces, bid, key, offer
 
+from node.gc_policy import tune_gc
 from protocol.envelope import SIGNATURE_SIZE, domain_of, open_signed
 from protocol.identity import signing_input
 from protocol.messages import Arch, Constraints
@@ -122,6 +125,7 @@ def one_round(
 
 
 def main() -> None:
+    tune_gc()  # as `cx node` does: the collector's settings are part of the pipeline
     resting = make_orders(RESTING, Nonces("resting"), T0)
     incoming = make_orders(INCOMING, Nonces("incoming"), T0 + RESTING)
     load_before = os.getloadavg()[0]
