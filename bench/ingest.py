@@ -102,6 +102,18 @@ def fresh_node(resting: list[bytes]) -> Trader:
     return node
 
 
+def pipeline_rate(resting: list[bytes], incoming: list[bytes]) -> tuple[float, int, int]:
+    """Orders per second through the pipeline alone (bench/tape.py compares with it), the
+    book's size and the matches made."""
+    node = fresh_node(resting)
+    book_size, matches = len(node.book), 0
+    start = time.perf_counter()
+    for wire in incoming:
+        _, made = node.receive_order(wire, now_ms=T0 + RESTING + INCOMING)
+        matches += len(made)
+    return len(incoming) / (time.perf_counter() - start), book_size, matches
+
+
 def one_round(
     resting: list[bytes], incoming: list[bytes], raw: Clock, pipeline: Clock
 ) -> tuple[int, int]:
