@@ -90,32 +90,17 @@ def test_the_lowest_quote_at_a_cpu_price_is_the_quote():
     assert lowest(123_457) == quote(at, payload.resources, payload.job.wall_ms)
 
 
+def _resting(who: str, payload):
+    return seal(key(who), payload, nonce=nonce(), issued_ms=T0, expires_ms=T0 + HOUR_MS)
+
+
 def test_an_offer_dearer_in_cpu_can_still_be_the_cheapest_and_the_search_goes_on_to_it():
     book = OrderBook()
-    cheap_cpu = seal(
-        key("a"),
-        offer(cpu_price=10_000, mem_price=30_000),
-        nonce=nonce(),
-        issued_ms=T0,
-        expires_ms=T0 + HOUR_MS,
-    )
-    cheap_overall = seal(
-        key("b"),
-        offer(cpu_price=20_000, mem_price=0),
-        nonce=nonce(),
-        issued_ms=T0,
-        expires_ms=T0 + HOUR_MS,
-    )
-    too_dear = seal(
-        key("c"),
-        offer(cpu_price=900_000, mem_price=0),
-        nonce=nonce(),
-        issued_ms=T0,
-        expires_ms=T0 + HOUR_MS,
-    )
+    cheap_cpu = _resting("a", offer(cpu_price=10_000, mem_price=30_000))
+    cheap_overall = _resting("b", offer(cpu_price=20_000, mem_price=0))
+    too_dear = _resting("c", offer(cpu_price=900_000, mem_price=0))
     for order in (too_dear, cheap_cpu, cheap_overall):
         book.add_offer(order, now_ms=T0)
     payload = bid(cpu_milli=1000, memory=GIB, cpu_limit=1_000_000, mem_limit=30_000)
-    order = seal(key("buyer"), payload, nonce=nonce(), issued_ms=T0, expires_ms=T0 + HOUR_MS)
-    [match] = book.add_bid(order, now_ms=T0, active=True)
+    [match] = book.add_bid(_resting("buyer", payload), now_ms=T0, active=True)
     assert match.offer.id == cheap_overall.id
