@@ -47,7 +47,7 @@ def scan(book: OrderBook, payload, now_ms: int):
     )
 
 
-@settings(max_examples=300, deadline=None)
+@settings(max_examples=120, deadline=None)
 @given(offers, st.lists(bids, min_size=1, max_size=4))
 def test_the_index_finds_what_a_full_scan_finds(resting, asks):
     book = OrderBook()
