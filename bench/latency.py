@@ -17,9 +17,14 @@ in one process, talking real libp2p (Noise + yamux) over loopback, each with its
   confinement, ``bench/executor.py``'s ``bare_lifecycle``) of the same command, one run
   after every few jobs so that both see the same load on this shared machine; median.
 
+- throughput: ``--throughput-jobs`` short jobs submitted with 1, 4 and 16 in flight, jobs per
+  second until the last one's result, beside the provider's executor alone running the same
+  number of jobs as many at a time (``bench/executor.py``'s ``throughput``), same run.
+
 Goal (issue 6): submit-to-result p50 < 250 ms (Bacalhau reports about 630 ms for a no-op
 executor and 1.3 s end to end). Prints a table, then one JSON line.
 Usage: .venv/bin/python bench/latency.py [--jobs 100] [--warmup 5] [--bare-runs 20]
+       [--throughput-jobs 48]
 """
 
 from __future__ import annotations
@@ -41,6 +46,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 import trio
 
 from bench.executor import bare_lifecycle
+from bench.executor import throughput as executor_throughput
 from node.exec.executor import Executor
 from node.market.request import JobRequest, build_request
 from node.peer import Peer, open_peer
@@ -51,6 +57,7 @@ from protocol.messages import Arch, Prices, Resources
 
 COMMAND = ["/bin/true"]  # what bare_lifecycle runs, so the two rows compare the same job
 PHASES = ("bid", "negotiation", "transfer", "run", "receipt/settle")
+CONCURRENCY = (1, 4, 16)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -100,7 +107,27 @@ async def one_job(buyer: Peer, request: JobRequest, clock: RunClock) -> dict[str
     }
 
 
+async def market_throughput(buyer: Peer, request: JobRequest, concurrency: int, jobs: int) -> float:
+    """Jobs per second through the market with ``concurrency`` in flight, until the last
+    result (receipt countersigned, outputs fetched)."""
+
+    async def worker(n: int) -> None:
+        for _ in range(n):
+            job = await buyer.submit(request)
+            with trio.fail_after(120):
+                done = await buyer.wait(job.id)
+            if done.state != "succeeded":
+                raise RuntimeError(f"job {job.id} ended {done.state}: {done.detail}")
+
+    t0 = time.perf_counter()
+    async with trio.open_nursery() as nursery:
+        for i in range(concurrency):
+            nursery.start_soon(worker, jobs // concurrency + (i < jobs % concurrency))
+    return jobs / (time.perf_counter() - t0)
+
+
 async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    # Room for 16 of the small throughput jobs at once (the latency job asks for 1 core).
     capacity = Resources(cpu_milli=2000, memory_bytes=2 << 30, disk_bytes=4 << 30)
     prices = Prices(cpu_core_hour=90_000_000, memory_gib_hour=9_000_000)
     provider_home = init_home(
@@ -140,6 +167,18 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                     out["bare"].append(await bare(executor, rootfs, work / "bare"))
             while len(out["bare"]) < args.bare_runs:
                 out["bare"].append(await bare(executor, rootfs, work / "bare"))
+            small = build_request(
+                image=image,
+                command=COMMAND,
+                cpu_milli=100,
+                memory_bytes=32 << 20,
+                max_prices={"cpu_core_hour": 100_000_000, "memory_gib_hour": 10_000_000},
+            )
+            out["throughput"] = {}
+            for c in CONCURRENCY:
+                ours = await market_throughput(buyer, small, c, args.throughput_jobs)
+                alone = await executor_throughput(executor, image, c, args.throughput_jobs)
+                out["throughput"][c] = (ours, alone)
     return out
 
 
@@ -161,6 +200,7 @@ def main() -> int:
     parser.add_argument("--jobs", type=int, default=100)
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--bare-runs", type=int, default=20)
+    parser.add_argument("--throughput-jobs", type=int, default=48)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
     load_before = os.getloadavg()[0]  # this machine is shared: say how busy it was
@@ -198,6 +238,9 @@ def main() -> int:
     ]
     for name, ms, note in rows:
         print(f"  {name:<50} {ms:8.1f} ms  {note}")
+    print(f"  throughput, {args.throughput_jobs} jobs: in flight, market jobs/s, executor alone")
+    for c, (ours, alone) in r["throughput"].items():
+        print(f"  {c:>4} {ours:8.1f} {alone:8.1f}  ({ours / alone:.2f}x)")
     print(
         json.dumps(
             {
@@ -213,6 +256,10 @@ def main() -> int:
                 "bare_ms": round(bare, 1),
                 "p50_over_bare": round(p50 / bare, 2),
                 "goal_p50_ms": 250,
+                "throughput_jobs_per_s": {
+                    str(c): {"market": round(ours, 1), "executor": round(alone, 1)}
+                    for c, (ours, alone) in r["throughput"].items()
+                },
                 "load_avg": [round(x, 2) for x in load],
             }
         )

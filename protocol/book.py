@@ -27,7 +27,8 @@ from typing import TypeVar
 from protocol.envelope import MessageId, Signed
 from protocol.errors import LocalProtocolError, Reason
 from protocol.messages import Bid, Offer, Prices, Resources, TrustLevel
-from protocol.settlement import quote
+from protocol.offer_index import OfferIndex
+from protocol.settlement import quote, quote_by_cpu_price
 from protocol.work import work_fits
 
 __all__ = ["CONSTRAINTS", "Explanation", "Match", "OrderBook", "RestingBid", "RestingOffer"]
@@ -130,7 +131,11 @@ def _fieldwise(pick: Callable[[int, int], int], a: _F | None, b: _F) -> _F:
 
 
 def _fits(bid: Bid, offer: RestingOffer, reputation: Reputation) -> bool:
-    return all(check(bid, offer, reputation) for _, check in CONSTRAINTS)
+    # A plain loop, not all() over a generator: every gossiped order comes through here.
+    for _, check in CONSTRAINTS:  # noqa: SIM110
+        if not check(bid, offer, reputation):
+            return False
+    return True
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -159,6 +164,7 @@ class OrderBook:
     # Active orders are few (this node's own); indexing them keeps a gossip ingest O(active).
     _active: set[MessageId] = field(default_factory=set)
     _expiry: list[tuple[int, MessageId]] = field(default_factory=list)
+    _by_cpu_price: OfferIndex = field(default_factory=OfferIndex)  # for our own bids' search
 
     def __len__(self) -> int:
         return len(self.offers) + len(self.bids)
@@ -177,6 +183,7 @@ class OrderBook:
         self._check_new(order.id)
         resting = RestingOffer(order=order, remaining=order.payload.capacity, active=active)
         self.offers[order.id] = resting
+        self._by_cpu_price.add(order.id, order.payload.prices)
         self._rest(order.id, order.expires_ms, active)
         bids = self.bids.values() if active else (self.bids[k] for k in self._active_bids())
         candidates = sorted(
@@ -245,20 +252,45 @@ class OrderBook:
         if resting_bid is None:
             return []
         bid = resting_bid.bid
-        keys = self.offers.keys() if resting_bid.active else self._active_offers()
-        best = min(
-            (
-                (quote(o.offer.prices, bid.resources, bid.job.wall_ms), o.order.issued_ms, key)
-                for key in keys
-                if key not in exclude
-                and (o := self.offers[key]).order.expires_ms > now_ms
-                and _fits(bid, o, reputation)
-            ),
-            default=None,
-        )
+        if resting_bid.active:
+            best = self._cheapest(bid, now_ms, exclude, reputation)
+        else:
+            best = min(
+                (
+                    (quote(o.offer.prices, bid.resources, bid.job.wall_ms), o.order.issued_ms, k)
+                    for k in self._active_offers()
+                    if k not in exclude
+                    and (o := self.offers[k]).order.expires_ms > now_ms
+                    and _fits(bid, o, reputation)
+                ),
+                default=None,
+            )
         if best is None:
             return []
         return [self._fill(resting_bid, self.offers[best[2]])]
+
+    def _cheapest(
+        self, bid: Bid, now_ms: int, exclude: frozenset[MessageId], reputation: Reputation
+    ) -> tuple[int, int, MessageId] | None:
+        """The best (quote, issued_ms, id) of every offer that fits ``bid``, searched in
+        ascending CPU price until no offer left can pay less (protocol/offer_index.py)."""
+        floor = self._by_cpu_price.floor
+        if floor is None:
+            return None
+        lowest_quote = quote_by_cpu_price(floor, bid.resources, bid.job.wall_ms)
+        cpu_limit = bid.max_prices.cpu_core_hour
+        best: tuple[int, int, MessageId] | None = None
+        for cpu_price, key in self._by_cpu_price.ascending():
+            if cpu_price > cpu_limit or (best is not None and lowest_quote(cpu_price) > best[0]):
+                break
+            offer = self.offers[MessageId(key)]
+            if key in exclude or offer.order.expires_ms <= now_ms:
+                continue
+            if _fits(bid, offer, reputation):
+                price = quote(offer.offer.prices, bid.resources, bid.job.wall_ms)
+                candidate = (price, offer.order.issued_ms, MessageId(key))
+                best = candidate if best is None else min(best, candidate)
+        return best
 
     def _rest(self, order_id: MessageId, expires_ms: int, active: bool) -> None:
         heapq.heappush(self._expiry, (expires_ms, order_id))
@@ -337,7 +369,9 @@ class OrderBook:
         return gone
 
     def _forget(self, key: MessageId) -> None:
-        self.offers.pop(key, None)
+        offer = self.offers.pop(key, None)
+        if offer is not None:
+            self._by_cpu_price.discard(key, offer.offer.prices)
         self.bids.pop(key, None)
         self._active.discard(key)
 

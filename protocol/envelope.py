@@ -21,6 +21,7 @@ from typing import Any, Generic, NewType, TypeVar
 from protocol import messages as m
 from protocol.encoding import DEFAULT_LIMITS, Limits, decode, encode
 from protocol.errors import DecodeError, InvalidMessage, LocalProtocolError, Reason
+from protocol.fastpath import FastCodec
 from protocol.identity import PrivateKey, PublicKey
 from protocol.schema import from_value, to_value
 
@@ -160,6 +161,25 @@ def open_signed(
     if len(wire) <= SIGNATURE_SIZE:
         raise InvalidMessage(Reason.MALFORMED, "shorter than a signature")
     signature, body = wire[:SIGNATURE_SIZE], wire[SIGNATURE_SIZE:]
+    codec = _fast_codec(limits)
+    fast = codec.open(body) if codec is not None else None
+    if fast is not None:
+        type_name, raw_signer, nonce, issued_ms, expires_ms, fast_payload = fast
+        if expect is not None and type(fast_payload) is not expect:
+            expected = _TYPE_NAMES[expect]
+            raise InvalidMessage(Reason.WRONG_TYPE, f"expected {expected}, got {type_name}")
+        signer = _signer(raw_signer)
+        signer.verify(_DOMAINS[type_name], body, signature)
+        return Signed(
+            wire=bytes(wire),
+            id=MessageId(hashlib.sha256(body).digest()),
+            type=type_name,
+            signer=signer,
+            nonce=nonce,
+            issued_ms=issued_ms,
+            expires_ms=expires_ms,
+            payload=fast_payload,
+        )
     head = _parse_body(decode(body, limits))
     type_name = head["type"]
     cls = MESSAGE_TYPES.get(type_name)
@@ -167,7 +187,7 @@ def open_signed(
         raise InvalidMessage(Reason.UNKNOWN_TYPE, f"unknown message type {type_name!r}")
     if expect is not None and cls is not expect:
         raise InvalidMessage(Reason.WRONG_TYPE, f"expected {_TYPE_NAMES[expect]}, got {type_name}")
-    signer = PublicKey(head["from"])
+    signer = _signer(head["from"])
     signer.verify(_DOMAINS[type_name], body, signature)
     payload: T = from_value(cls, head["data"])
     return Signed(
@@ -180,6 +200,31 @@ def open_signed(
         expires_ms=head["exp"],
         payload=payload,
     )
+
+
+_default_codec: FastCodec | None = None
+# Gossip brings many orders from few signers: their keys are parsed once.
+_SIGNERS: dict[bytes, PublicKey] = {}
+_SIGNERS_KEPT = 4096
+
+
+def _signer(raw: bytes) -> PublicKey:
+    signer = _SIGNERS.get(raw)
+    if signer is None:
+        if len(_SIGNERS) >= _SIGNERS_KEPT:
+            _SIGNERS.clear()
+        signer = _SIGNERS[raw] = PublicKey(raw)
+    return signer
+
+
+def _fast_codec(limits: Limits) -> FastCodec | None:
+    """The fast path for the default limits (the only ones peers use); None for others."""
+    global _default_codec  # built on first use: building it costs milliseconds
+    if limits is not DEFAULT_LIMITS:
+        return None
+    if _default_codec is None:
+        _default_codec = FastCodec(MESSAGE_TYPES, DEFAULT_LIMITS, NONCE_SIZE)
+    return _default_codec
 
 
 def _parse_body(value: object) -> dict[str, Any]:

@@ -16,12 +16,13 @@ Rules:
 from __future__ import annotations
 
 from collections import defaultdict
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
 
 from protocol.errors import LocalProtocolError, Reason
 from protocol.messages import ExitReason, Prices, Resources, Usage
 
-__all__ = ["Ledger", "LedgerEntry", "charge", "cost", "quote"]
+__all__ = ["Ledger", "LedgerEntry", "charge", "cost", "quote", "quote_by_cpu_price"]
 
 _GIB = 1 << 30
 _US_PER_HOUR = 3_600_000_000
@@ -32,21 +33,38 @@ _DENOMINATOR = _GIB * _US_PER_HOUR
 
 def cost(prices: Prices, reserved: Resources, usage: Usage) -> int:
     """Cost of ``usage`` of ``reserved`` resources at ``prices``, floored once."""
-    wall_us = usage.wall_ms * 1000
-    numerator = (
-        usage.cpu_us * prices.cpu_core_hour * _GIB
-        + reserved.memory_bytes * wall_us * prices.memory_gib_hour
-        + reserved.disk_bytes * wall_us * prices.disk_gib_hour
-        + reserved.gpus * wall_us * prices.gpu_hour * _GIB
-    )
-    return numerator // _DENOMINATOR
+    return _cost(prices, reserved, usage.wall_ms, usage.cpu_us)
 
 
 def quote(prices: Prices, reserved: Resources, wall_ms: int) -> int:
     """Worst-case cost: all reserved CPU busy for the whole ``wall_ms``."""
     # millicores x ms = microseconds of CPU time
-    worst = Usage(wall_ms=wall_ms, cpu_us=reserved.cpu_milli * wall_ms)
-    return cost(prices, reserved, worst)
+    return _cost(prices, reserved, wall_ms, reserved.cpu_milli * wall_ms)
+
+
+def quote_by_cpu_price(others: Prices, reserved: Resources, wall_ms: int) -> Callable[[int], int]:
+    """The quote as a function of the CPU price alone, the other unit prices those of
+    ``others``: the same arithmetic as :func:`quote`, so the same integers."""
+    rest = _numerator(
+        replace(others, cpu_core_hour=0), reserved, wall_ms, reserved.cpu_milli * wall_ms
+    )
+    per_cpu_unit = reserved.cpu_milli * wall_ms * _GIB
+    return lambda cpu_price: (per_cpu_unit * cpu_price + rest) // _DENOMINATOR
+
+
+def _cost(prices: Prices, reserved: Resources, wall_ms: int, cpu_us: int) -> int:
+    # No Usage built here: matching quotes every candidate offer, so this is a hot path.
+    return _numerator(prices, reserved, wall_ms, cpu_us) // _DENOMINATOR
+
+
+def _numerator(prices: Prices, reserved: Resources, wall_ms: int, cpu_us: int) -> int:
+    wall_us = wall_ms * 1000
+    return (
+        cpu_us * prices.cpu_core_hour * _GIB
+        + reserved.memory_bytes * wall_us * prices.memory_gib_hour
+        + reserved.disk_bytes * wall_us * prices.disk_gib_hour
+        + reserved.gpus * wall_us * prices.gpu_hour * _GIB
+    )
 
 
 def charge(

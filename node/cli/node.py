@@ -195,8 +195,10 @@ def start_refusal(exc: BaseException) -> BaseException | None:
 
 async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:
     from node.api.controller import serve_control  # imported here: keeps `cx --help` fast
+    from node.gc_policy import tune_gc
     from node.peer import serve_peer
 
+    tune_gc()
     async with trio.open_nursery() as nursery:
         peer = await nursery.start(serve_peer, home)
         for addr in bootstrap:

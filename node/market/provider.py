@@ -125,7 +125,7 @@ class Provider:
         self._running: dict[bytes, _Running] = {}
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
-        self._delivering: set[str] = set()
+        self._delivering: set[tuple[str, bytes]] = set()  # (buyer, agreement) lanes
         self._pricing = config.effective_pricing()
         self._prices = config.prices  # asked now: the policies move them from here
         self._work_score: int | None = None  # measured at start when config.benchmark
@@ -463,20 +463,27 @@ class Provider:
         assert self._nursery is not None
         while True:
             self._wake = trio.Event()
-            for peer in {peer for _, _, peer, _ in self.db.outbox()} - self._delivering:
-                self._delivering.add(peer)
-                self._nursery.start_soon(self._deliver_to, peer)
+            # One lane per job: its messages go in order, and jobs do not wait for each other.
+            for lane in {(peer, job) for _, job, peer, _ in self.db.outbox()} - self._delivering:
+                self._delivering.add(lane)
+                self._nursery.start_soon(self._deliver_to, lane)
             with trio.move_on_after(self.timings.retry_s):
                 await self._wake.wait()
 
-    async def _deliver_to(self, peer: str) -> None:
-        """Deliver ``peer``'s queued messages in order; stop at the first that fails."""
+    async def _deliver_to(self, lane: tuple[str, bytes]) -> None:
+        """Deliver one job's queued messages to its buyer in order; stop at the first that
+        fails."""
+        peer = lane[0]
+        delivered = False
         try:
-            for item_id, agreement_id, _, wire in _for_peer(self.db.outbox(), peer):
+            for item_id, agreement_id, _, wire in _in_lane(self.db.outbox(), lane):
                 if not await self._deliver(item_id, agreement_id, PeerId(peer), wire):
                     return
+            delivered = True
         finally:
-            self._delivering.discard(peer)
+            self._delivering.discard(lane)
+            if delivered:  # a message queued while we delivered goes now, not at the retry
+                self._wake.set()
 
     async def _deliver(self, item_id: int, agreement_id: bytes, peer: PeerId, wire: bytes) -> bool:
         try:
@@ -545,7 +552,7 @@ class Provider:
                 self._fault(agreement, f"interrupted by a provider restart{started}")
 
 
-def _for_peer(
-    items: Iterable[tuple[int, bytes, str, bytes]], peer: str
+def _in_lane(
+    items: Iterable[tuple[int, bytes, str, bytes]], lane: tuple[str, bytes]
 ) -> list[tuple[int, bytes, str, bytes]]:
-    return [item for item in items if item[2] == peer]
+    return [item for item in items if (item[2], item[1]) == lane]

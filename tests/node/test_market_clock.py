@@ -134,3 +134,22 @@ async def test_nothing_is_left_to_do_after_a_job_and_ten_quiet_minutes(
         await trio.sleep(600)
         assert market(buyer)["bids"] == 0
         assert provider.peer.db.outbox() == []
+
+
+async def test_a_quick_job_settles_without_waiting_for_an_outbox_retry(
+    clock: trio.testing.MockClock, image_layout: Path
+) -> None:
+    """A receipt queued while the provider still delivers the job's last status to the same
+    buyer goes right after it, not at the next retry of the outbox. The retry is set to an
+    hour: far more virtual time than the clock's jumps add while worker threads run."""
+    runners: dict[Path, FakeRunner] = {}
+    retry_s = 3600.0
+    async with virtual(image_layout, runners) as c:
+        provider = await c.provider("provider", timings=Timings(retry_s=retry_s))
+        buyer = await c.buyer("buyer")
+        await buyer.peer.join(provider.addr)
+        for _ in range(3):
+            submitted = trio.current_time()
+            job_id = (await submit(buyer, c.image, "true"))["id"]
+            assert (await finished(buyer, job_id))["state"] == "succeeded"
+            assert trio.current_time() - submitted < retry_s
