@@ -25,7 +25,7 @@ __all__ = ["benchmark_image", "measure_work_score", "run_benchmark"]
 
 log = logging.getLogger(__name__)
 
-_ONE_CORE = Resources(cpu_milli=1000, memory_bytes=64 << 20)
+_ONE_CORE = Resources(cpu_milli=1000, memory_bytes=128 << 20)
 
 
 async def measure_work_score(runner: Runner, store: BlobStore) -> int | None:

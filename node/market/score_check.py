@@ -65,7 +65,7 @@ async def check_score(
         image=image,
         command=BENCHMARK_COMMAND,
         cpu_milli=1000,
-        memory_bytes=64 << 20,
+        memory_bytes=128 << 20,
         wall_ms=300_000,
         max_prices={
             "cpu_core_hour": offer.prices.cpu_core_hour,
