@@ -101,7 +101,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="run the benchmark on a provider and judge the work score it states",
         description="Run the standard benchmark kernel as a job on PEER (at its offer's "
         "prices, paid like any job) and compare the score its CPU time gives with the one "
-        "the offer states. A provider that overstates it by more than 25 %%, or whose job "
+        "the offer states. A provider that overstates it by more than 50 %%, or whose job "
         "did not do the work, is no longer traded with by this node. Exit status 1 then.",
     )
     check.add_argument(

@@ -24,7 +24,9 @@ from protocol.work import BENCHMARK_BYTES, BENCHMARK_COMMAND, score_of
 
 __all__ = ["TOLERANCE_PPM", "ScoreCheck", "ScoreCheckError", "check_score"]
 
-TOLERANCE_PPM = 250_000  # a stated score up to 25 % above the measured one is believed
+# A stated score up to 50 % above the measured one is believed: CPU time per hash varies
+# with what else the machine runs (caches, frequency), by up to a third on a busy 2-core host.
+TOLERANCE_PPM = 500_000
 _KERNEL_OUTPUT = hashlib.md5(bytes(BENCHMARK_BYTES)).hexdigest()  # noqa: S324 - the kernel's
 
 
