@@ -199,9 +199,9 @@ class Market:
         await self.net.publish(TAPE_TOPIC, signed.wire)
 
     def _keep_print(self, signed: SignedPrint) -> None:
-        # Stored in batches (_flush_prints): one commit per print, synchronous=FULL, held
-        # a node to ~190 prints/s (bench/tape.py). A print lost to a crash is public and
-        # comes back with the next tape exchange.
+        # Stored in batches (_flush_prints): one commit per print held a node to a third
+        # of its order ingest rate or less (bench/tape.py). A print lost to a crash is
+        # public and comes back with the next tape exchange.
         self._unsaved_prints.append((signed.trade.trade_id, signed.trade.at_ms, signed.wire))
         self.touch()
 
