@@ -169,11 +169,21 @@ def main() -> None:
         f"matches made against own orders: {matches}; goal ratio >= {GOAL}: "
         f"{'met' if ratio >= GOAL else 'NOT met'}"
     )
+    # The tape's prints compete for the same node's time (bench/tape.py for the detail).
+    from tape import PRINTS, admit_rate, make_prints
+
+    prints_rate = statistics.median(admit_rate(make_prints(PRINTS), None) for _ in range(3))
+    print(
+        f"{'trade prints admitted (Tape.admit)':<40}{prints_rate:>12,.0f}"
+        f"{prints_rate / raw_rate:>9.2f}   ({prints_rate / pipeline_rate:.2f}x the orders)"
+    )
     digest = hashlib.sha256(b"".join(incoming)).hexdigest()[:12]
     print(
         json.dumps(
             {
                 "bench": "ingest",
+                "prints_per_s": round(prints_rate),
+                "prints_vs_orders": round(prints_rate / pipeline_rate, 3),
                 "raw_verify_per_s": round(raw_rate),
                 "pipeline_per_s": round(pipeline_rate),
                 "ratio": round(ratio, 3),

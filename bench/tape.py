@@ -1,4 +1,5 @@
-"""The tape's cost: trade prints verified and stored per second, beside orders.
+"""The tape's cost: trade prints verified and stored per second, beside orders
+(bench/ingest.py prints the admission rate beside its own figures too).
 
 Measures in one run:
 - raw: PyNaCl verifications per second of the prints' signatures (two per print: the
