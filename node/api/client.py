@@ -138,6 +138,9 @@ class ApiClient:
     def ledger(self) -> Json:
         return self._object("GET", "/v1/ledger")
 
+    def dashboard_link(self) -> Json:
+        return self._object("POST", "/v1/dashboard/link")
+
     # -- transport -------------------------------------------------------------------------
 
     def _object(self, method: str, path: str, body: Json | str | None = None) -> Json:

@@ -16,7 +16,9 @@ import trio
 
 from node.api import views
 from node.api.common import ApiError, clear_api_info, write_api_info
+from node.api.scrape import exposition
 from node.api.server import serve_api
+from node.api.snapshot import snapshot
 from node.market.reputation import score_of
 from node.market.request import JobRequest, RequestError
 from node.peer import Conflict, Peer, PeerError, UnknownJob
@@ -125,6 +127,18 @@ class NodeController:
 
     def ledger(self) -> Json:
         return views.ledger(self.peer.ledger(), self.peer.key.public_key.raw)
+
+    def metrics(self) -> bytes:
+        return exposition(self.peer)
+
+    def snapshot(self) -> Json:
+        return snapshot(self.peer, self.node_info(), self.market())
+
+    def version(self) -> int:
+        return self.peer.market.version
+
+    async def changed(self) -> None:
+        await self.peer.changed()
 
 
 async def serve_control(

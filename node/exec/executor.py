@@ -118,6 +118,7 @@ class JobResult:
     stderr: str | None = None
     truncated_logs: tuple[str, ...] = ()  # LOG_PATHS cut at LOG_CAP_BYTES
     detail: str = ""
+    start_s: float | None = None  # run_job until the runtime had started the container
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -285,6 +286,7 @@ class Executor:
         job = self.jobs_dir / job_id
         started = False
         t_start: float | None = None
+        t_prepare = time.monotonic()
         try:
             if job.exists():  # the same id ran before and is still being cleaned up
                 await self.settled()
@@ -314,9 +316,10 @@ class Executor:
                 os.close(pidfd)
             wall_ms = int((time.monotonic() - t_start) * 1000)
             say("collecting outputs")
-            return await self._collect(
+            result = await self._collect(
                 job_id, job, spec, checkpoint, status, wall_ms, timed_out, preempted
             )
+            return replace(result, start_s=t_start - t_prepare)
         except Exception as exc:  # per-job top: a provider fault, never the buyer's job
             log.exception("job %s: provider fault", job_id)
             wall = int((time.monotonic() - t_start) * 1000) if t_start is not None else 0
