@@ -3,6 +3,7 @@
 ::
 
     GET  /dashboard                 the page (a session or the token; else to the login)
+    GET  /dashboard/api             the control API's interactive page, from /openapi.json
     GET  /dashboard/login[?code=C]  the login page; with a one-time code, a session
     POST /dashboard/login           form field ``token``: a session
     GET  /dashboard/static/NAME     the page's script and style (public: no data in them)
@@ -31,14 +32,24 @@ from fastapi.responses import HTMLResponse, RedirectResponse, Response, Streamin
 from node.api import models
 from node.api.sessions import LINK_TTL_S, SESSION_TTL_S, Sessions, cookie_name
 
-__all__ = ["LOGIN_PATH", "PAGE_PATH", "STATIC_PREFIX", "Live", "add_dashboard", "server_port"]
+__all__ = [
+    "API_PAGE_PATH",
+    "LOGIN_PATH",
+    "PAGE_PATH",
+    "STATIC_PREFIX",
+    "Live",
+    "add_dashboard",
+    "server_port",
+]
 
 PAGE_PATH = "/dashboard"
+API_PAGE_PATH = "/dashboard/api"  # the control API's interactive page
 LOGIN_PATH = "/dashboard/login"
 STATIC_PREFIX = "/dashboard/static/"
 HEARTBEAT_S = 15.0  # the longest a stream waits for a change before it looks at the clock
 _ASSETS = {
     "dashboard.js": "text/javascript; charset=utf-8",
+    "api.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 _SECURITY = {
@@ -76,6 +87,10 @@ def add_dashboard(
     @app.get(PAGE_PATH, include_in_schema=False)
     async def page() -> HTMLResponse:
         return HTMLResponse(_static("dashboard.html"), headers=_SECURITY)
+
+    @app.get(API_PAGE_PATH, include_in_schema=False)
+    async def api_page() -> HTMLResponse:
+        return HTMLResponse(_static("api.html"), headers=_SECURITY)
 
     @app.get(LOGIN_PATH, include_in_schema=False)
     async def login_page(request: Request, code: str = "") -> Response:

@@ -75,6 +75,7 @@ from starlette.exceptions import HTTPException
 from node.api import models
 from node.api.common import MAX_BODY, MAX_WAIT_S, ApiError
 from node.api.dashboard import (
+    API_PAGE_PATH,
     LOGIN_PATH,
     PAGE_PATH,
     STATIC_PREFIX,
@@ -390,7 +391,7 @@ class _Guard:
             return
         headers = dict(scope["headers"])
         if not self._admitted(scope, headers):
-            if scope["path"] == PAGE_PATH:  # a person at a browser: to the login page
+            if scope["path"] in (PAGE_PATH, API_PAGE_PATH):  # a person at a browser
                 await _redirect(send, LOGIN_PATH)
                 return
             await _reply(send, 401, "unauthorized", "a valid bearer token is required",

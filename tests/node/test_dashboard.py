@@ -246,3 +246,21 @@ def test_a_provider_sees_its_machine_and_the_jobs_holding_it(
     )
     assert "0.5 cores of 2 cores reserved" in text(browser, '[data-resource="cpu_milli"]')
     screenshot(browser, "dashboard-provider")
+
+
+def test_the_control_api_page_tries_a_reading_operation_and_shows_curl_for_the_rest(
+    market: Market, browser: WebDriver
+) -> None:
+    browser.get(one_time_link(market.buyer.home))
+    wait_for(browser, "the dashboard", lambda d: text(d, "#node-peer-id") == market.buyer.peer_id)
+    browser.get(market.buyer.url + "/dashboard/api")
+    node = "#get-v1-node"
+    wait_for(browser, "the operations", lambda d: d.find_elements(By.CSS_SELECTOR, node))
+    browser.execute_script("document.querySelector(arguments[0]).click()", f"{node} button.try")
+    wait_for(
+        browser, "the node's answer", lambda d: market.buyer.peer_id in text(d, f"{node}-result")
+    )
+    assert text(browser, f"{node}-result").startswith("200")
+    assert "-X POST" in text(browser, "#post-v1-jobs pre.curl")
+    assert not browser.find_elements(By.CSS_SELECTOR, "#post-v1-jobs button.try")
+    screenshot(browser, "control-api")

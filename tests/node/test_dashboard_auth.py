@@ -43,6 +43,8 @@ async def session_cookie(server: Server) -> str:
 async def test_the_page_sends_a_stranger_to_the_login_and_the_assets_are_public(server) -> None:
     status, headers, _ = await get(server, "/dashboard")
     assert (status, headers["location"]) == (303, "/dashboard/login")
+    status, headers, _ = await get(server, "/dashboard/api")
+    assert (status, headers["location"]) == (303, "/dashboard/login")
     status, headers, body = await get(server, "/dashboard/login")
     assert status == 200
     assert b'name="token"' in body
