@@ -12,7 +12,20 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from node.cli import attest, dashboard, demo, exec, image, jobs, market, node, run, store, testnet
+from node.cli import (
+    attest,
+    config,
+    dashboard,
+    demo,
+    exec,
+    image,
+    jobs,
+    market,
+    node,
+    run,
+    store,
+    testnet,
+)
 
 __all__ = ["main"]
 
@@ -28,6 +41,7 @@ _GROUPS: tuple[Any, ...] = (
     jobs,
     market,
     dashboard,
+    config,
 )
 
 
