@@ -25,6 +25,7 @@ from node.cli import (
     run,
     store,
     testnet,
+    top,
 )
 
 __all__ = ["main"]
@@ -42,6 +43,7 @@ _GROUPS: tuple[Any, ...] = (
     market,
     dashboard,
     config,
+    top,
 )
 
 
