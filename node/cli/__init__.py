@@ -14,6 +14,7 @@ from typing import Any
 
 from node.cli import (
     attest,
+    completion,
     config,
     dashboard,
     demo,
@@ -44,6 +45,7 @@ _GROUPS: tuple[Any, ...] = (
     dashboard,
     config,
     top,
+    completion,
 )
 
 
