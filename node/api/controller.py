@@ -22,6 +22,7 @@ from node.api.snapshot import snapshot
 from node.market.reputation import score_of
 from node.market.request import JobRequest, RequestError
 from node.peer import Conflict, Peer, PeerError, UnknownJob
+from protocol.messages import JobState
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
@@ -139,6 +140,12 @@ class NodeController:
 
     async def changed(self) -> None:
         await self.peer.changed()
+
+    def ticking(self) -> bool:
+        if self.peer.provider is None:
+            return False
+        counts = self.peer.db.state_counts("provider")
+        return any(counts.get(s.value, 0) for s in (JobState.TRANSFERRING, JobState.RUNNING))
 
 
 async def serve_control(

@@ -12,6 +12,8 @@ from __future__ import annotations
 from typing import Any
 
 from node.api import views
+from node.exec.cgroups import Counters
+from node.exec.executor import Executor
 from node.peer import Peer
 from protocol.errors import ProtocolError
 from protocol.identity import PublicKey
@@ -64,11 +66,20 @@ def _offers(peer: Peer) -> list[Json]:
     return sorted(out, key=lambda o: (o["class"], o["cpu_core_hour"]))
 
 
+def _measured(counters: Counters | None) -> Json:
+    """A running job's use so far: CPU time (µs) and peak memory; None until measured."""
+    if counters is None:
+        return {"cpu_us": None, "memory_peak_bytes": None}
+    return {"cpu_us": counters.cpu_us, "memory_peak_bytes": counters.memory_peak_bytes}
+
+
 def _provider(peer: Peer) -> Json | None:
     provider = peer.provider
     if provider is None:
         return None
     capacity = provider.config.capacity
+    # Measured use: only the real executor reads cgroups (a test's fake runner has none).
+    used = provider.executor.live_usage() if isinstance(provider.executor, Executor) else {}
     running = []
     for row in peer.db.agreements():
         if row.role != "provider" or row.state not in _HOLDING:
@@ -86,6 +97,7 @@ def _provider(peer: Peer) -> Json | None:
                 "cpu_milli": terms.resources.cpu_milli,
                 "memory_bytes": terms.resources.memory_bytes,
                 "gpus": terms.resources.gpus,
+                **_measured(used.get(row.id.hex()[:16])),  # node/market/provider.py's job id
             }
         )
     offer = provider.offer

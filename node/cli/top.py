@@ -24,7 +24,8 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "top",
         help="a provider's running jobs and its capacity, live",
         description="Show this provider's capacity, how much of it agreed jobs hold, and "
-        "each such job (buyer, state, CPU, memory, GPUs, age), redrawn whenever it changes.",
+        "each such job (buyer, state, CPU, memory, GPUs, the CPU time and peak memory it "
+        "used so far, age), redrawn whenever it changes.",
     )
     add_common(top)
     top.set_defaults(run=talk("cx top", _top))
@@ -59,12 +60,24 @@ def render_top(snapshot: Json) -> str:
             cores(r["cpu_milli"]),
             size(r["memory_bytes"]),
             r["gpus"],
+            "-" if r.get("cpu_us") is None else f"{r['cpu_us'] / 1e6:.1f}s",
+            "-" if r.get("memory_peak_bytes") is None else size(r["memory_peak_bytes"]),
             age(r.get("started_ms"), snapshot["at_ms"]),
         )
         for r in running
     ]
-    headers = ("AGREEMENT", "BUYER", "STATE", "CPU", "MEMORY", "GPUS", "RUNNING")
-    lines += ["", table(headers, rows, right=(3, 4, 5, 6))]
+    headers = (
+        "AGREEMENT",
+        "BUYER",
+        "STATE",
+        "CPU",
+        "MEMORY",
+        "GPUS",
+        "CPU TIME",
+        "PEAK",
+        "RUNNING",
+    )
+    lines += ["", table(headers, rows, right=(3, 4, 5, 6, 7, 8))]
     if not running:
         lines.append("no jobs here now")
     return "\n".join(lines)

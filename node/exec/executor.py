@@ -226,6 +226,14 @@ class Executor:
         self.runtime.close()
         self._jobs.close()
 
+    def live_usage(self) -> dict[str, Counters]:
+        """What each running job has used so far, from its cgroup (CPU time, peak memory,
+        I/O): for the dashboard and ``cx top``. Reads a few small cgroup files per job."""
+        return {
+            job_id: read_counters(self.cgroups.job(_cgroup_path(job_id)))
+            for job_id in self._running
+        }
+
     def preempt(self, job_id: str) -> bool:
         """Ask a running job to stop (declared signal, grace, kill). False if not running."""
         running = self._running.get(job_id)

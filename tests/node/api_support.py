@@ -256,6 +256,9 @@ class FakeController:
     async def changed(self) -> None:
         await self._changed.wait()
 
+    def ticking(self) -> bool:
+        return False
+
     # -- helpers ----------------------------------------------------------------------------
 
     def _resolve(self, job_id: str) -> str:

@@ -81,6 +81,7 @@ def test_cx_top_shows_the_providers_machine_and_a_job_holding_it(market: Market)
         row = out.until(lambda line: "running" in line)
         assert market.buyer.peer_id[-8:] in row
         assert "0.5 core  64 MiB" in row
+        assert " - " not in row  # its CPU time and peak memory, measured from its cgroup
 
 
 def test_cx_top_on_a_buyer_says_it_sells_nothing(market: Market) -> None:
@@ -108,6 +109,8 @@ def test_render_top_draws_capacity_bars_and_a_row_per_job() -> None:
                     "cpu_milli": 1000,
                     "memory_bytes": 1 << 30,
                     "gpus": 0,
+                    "cpu_us": 2_500_000,
+                    "memory_peak_bytes": 3 << 20,
                 },
             ],
         },
@@ -126,5 +129,8 @@ def test_render_top_draws_capacity_bars_and_a_row_per_job() -> None:
         "1",
         "GiB",
         "0",
+        "2.5s",
+        "3",
+        "MiB",
         "6s",
     ]

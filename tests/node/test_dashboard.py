@@ -174,13 +174,17 @@ def test_a_provider_sees_its_machine_and_the_jobs_holding_it(
     )
     assert "0 cores of 2 cores reserved" in text(browser, '[data-resource="cpu_milli"]')
 
-    market.submit("sleep 5")
+    # Half a core's worth of busy loop for a few seconds: its use shows up, measured.
+    market.submit("end=$(($(date +%s) + 6)); while [ $(date +%s) -lt $end ]; do :; done")
     wait_for(
         browser,
         "a running job on the machine",
         lambda d: text(d, "#running tbody [data-state]") == "running",
     )
     assert "0.5 cores of 2 cores reserved" in text(browser, '[data-resource="cpu_milli"]')
+    wait_for(browser, "the CPU it uses", lambda d: "core" in text(d, "#running .cpu-used"))
+    assert text(browser, "#running .cpu-used") != "0 cores"
+    assert text(browser, "#running .memory-peak").endswith(("KiB", "MiB"))
     screenshot(browser, "dashboard-provider")
 
 

@@ -6,6 +6,7 @@
 const PALETTE = ["#4fb3ff", "#a78bfa", "#3fcf8e", "#f5b942", "#ff8fab", "#5eead4", "#fca5a5", "#c4b5fd"];
 const HISTORY = 120; // samples of the machine's reserved resources kept for its chart
 const machineHistory = [];
+const lastCpu = {}; // agreement -> {cpu_us, at}: CPU in use is the rate between two snapshots
 let snap = null;
 let selected = null; // the job whose detail is open
 let selectedSeen = null; // its updated_ms when the detail was last drawn
@@ -181,7 +182,15 @@ function renderMachine() {
   $("#machine-card").hidden = !p;
   if (!p) return;
   $("#machine-class").textContent = p.class ? `offering ${p.class}` : "";
+  for (const r of p.running) {
+    const before = lastCpu[r.agreement_id];
+    if (r.cpu_us !== null && before && snap.at_ms > before.at) {
+      r.cores_used = (r.cpu_us - before.cpu_us) / 1000 / (snap.at_ms - before.at);
+    }
+    if (r.cpu_us !== null) lastCpu[r.agreement_id] = { cpu_us: r.cpu_us, at: snap.at_ms };
+  }
   const used = (key) => p.running.reduce((n, r) => n + r[key], 0);
+  const measured = (key) => p.running.reduce((n, r) => n + (r[key] || 0), 0);
   const rows = [["CPU", "cpu_milli", cores], ["Memory", "memory_bytes", bytes]];
   if (p.gpus) rows.push(["GPUs", "gpus", (n) => `${n} GPUs`]);
   $("#machine-bars").replaceChildren(...rows.map(([name, key, fmt]) => h("div", { class: "row", "data-resource": key },
@@ -190,20 +199,27 @@ function renderMachine() {
       class: "seg", title: `job ${r.agreement_id.slice(0, 12)}: ${fmt(r[key])}`,
       style: `width:${(100 * r[key]) / (p[key] || 1)}%;background:${PALETTE[i % PALETTE.length]}`,
     }))))));
-  fill($("#running tbody"), p.running.map((r, i) => h("tr", {},
+  fill($("#running tbody"), p.running.map((r, i) => h("tr", { "data-agreement": r.agreement_id },
     h("td", {}, h("code", { style: `color:${PALETTE[i % PALETTE.length]}` }, r.agreement_id.slice(0, 12))),
     h("td", {}, h("code", {}, short(r.buyer))), h("td", {}, badge(r.state)),
     h("td", {}, cores(r.cpu_milli)), h("td", {}, bytes(r.memory_bytes)), h("td", {}, r.gpus),
-    h("td", {}, r.started_ms ? ago(r.started_ms) : "–"))), "no jobs running here", 7);
-  machineHistory.push({ at: snap.at_ms, cpu: used("cpu_milli") / (p.cpu_milli || 1), mem: used("memory_bytes") / (p.memory_bytes || 1) });
+    h("td", { class: "cpu-used" }, r.cores_used === undefined ? "–" : cores(r.cores_used * 1000)),
+    h("td", { class: "memory-peak" }, r.memory_peak_bytes === null ? "–" : bytes(r.memory_peak_bytes)),
+    h("td", {}, r.started_ms ? ago(r.started_ms) : "–"))), "no jobs running here", 9);
+  machineHistory.push({
+    at: snap.at_ms,
+    reserved: used("cpu_milli") / (p.cpu_milli || 1),
+    cpu: (measured("cores_used") * 1000) / (p.cpu_milli || 1),
+    mem: measured("memory_peak_bytes") / (p.memory_bytes || 1),
+  });
   while (machineHistory.length > HISTORY) machineHistory.shift();
   const chart = $("#machine-chart");
   chart.replaceChildren();
   const t0 = machineHistory[0].at, span = (snap.at_ms - t0) || 1;
-  for (const [key, colour] of [["cpu", "#4fb3ff"], ["mem", "#a78bfa"]]) {
-    const pts = machineHistory.map((s) => `${(600 * (s.at - t0)) / span},${135 - s[key] * 125}`);
+  for (const [key, colour, dash] of [["reserved", "#4fb3ff", "6 4"], ["cpu", "#4fb3ff", ""], ["mem", "#a78bfa", ""]]) {
+    const pts = machineHistory.map((s) => `${(600 * (s.at - t0)) / span},${135 - Math.min(1, s[key]) * 125}`);
     if (pts.length === 1) pts.push(`600,${pts[0].split(",")[1]}`);
-    chart.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: colour, "stroke-width": 2 }));
+    chart.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: colour, "stroke-width": 2, "stroke-dasharray": dash }));
   }
 }
 
