@@ -5,6 +5,7 @@ the peer's refusals become :class:`ApiError` with their HTTP status, and
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,7 +16,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from node.api import views
-from node.api.common import ApiError, clear_api_info, write_api_info
+from node.api.common import API_FILE, ApiError, clear_api_info, write_api_info
 from node.api.scrape import exposition
 from node.api.server import serve_api
 from node.api.snapshot import snapshot
@@ -30,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["NodeController", "serve_control"]
 
 Json = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -169,6 +171,7 @@ async def serve_control(
         )
         url = f"http://127.0.0.1:{port}"
         write_api_info(home, url, token)
+        log.info("control API published in %s", home / API_FILE)
         try:
             task_status.started(url)
             await trio.sleep_forever()

@@ -52,6 +52,7 @@ TICK_S = 2.0  # how often a stream resends while jobs run here (their measured u
 _ASSETS = {
     "dashboard.js": "text/javascript; charset=utf-8",
     "api.js": "text/javascript; charset=utf-8",
+    "dom.js": "text/javascript; charset=utf-8",
     "dashboard.css": "text/css; charset=utf-8",
 }
 _SECURITY = {

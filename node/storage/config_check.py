@@ -34,7 +34,8 @@ SCHEMA: dict[str, dict[str, Any]] = {
     "provider": {
         "cpu_milli": int, "memory_bytes": int, "disk_bytes": int, "cpu_core_hour": int,
         "memory_gib_hour": int, "disk_gib_hour": int, "arch": str, "region": str, "tpm": bool,
-        "tcti": str, "offer_ttl_ms": int, "pricing": _TABLE, "cost": _TABLE,
+        "tcti": str, "offer_ttl_ms": int, "max_share_ppm": int, "benchmark": bool,
+        "pricing": _TABLE, "cost": _TABLE,
     },
     "provider.pricing": {
         "step_ppm": int, "min_interval_ms": int, "window_ms": int,

@@ -34,6 +34,8 @@ arch = "arm64"
 region = "eu"
 tpm = false
 offer_ttl_ms = 600000
+max_share_ppm = 500000
+benchmark = true
 
 [provider.pricing]
 step_ppm = 20000

@@ -105,7 +105,7 @@ def running_node(tmp_path: Path):
         stdout=subprocess.DEVNULL,
     )
     try:
-        wait_for_log(proc, '"message": "control API listening on')
+        wait_for_log(proc, '"message": "control API published in')
         yield home
     finally:
         proc.terminate()

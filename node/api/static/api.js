@@ -3,19 +3,6 @@
 // since a session may only read. Values go into the page as text, never as HTML.
 "use strict";
 
-const $ = (sel) => document.querySelector(sel);
-
-function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") el.className = v;
-    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, v);
-  }
-  for (const c of children.flat()) if (c !== null && c !== undefined) el.append(c instanceof Node ? c : String(c));
-  return el;
-}
-
 function resolve(doc, schema) {
   return schema && schema.$ref ? doc.components.schemas[schema.$ref.split("/").pop()] : schema;
 }

@@ -4,7 +4,7 @@
 "use strict";
 
 const PALETTE = ["#4fb3ff", "#a78bfa", "#3fcf8e", "#f5b942", "#ff8fab", "#5eead4", "#fca5a5", "#c4b5fd"];
-const HISTORY = 120; // samples of the machine's reserved resources kept for its chart
+const HISTORY = 120; // samples of the machine's use kept for its chart
 const machineHistory = [];
 const lastCpu = {}; // agreement -> {cpu_us, at}: CPU in use is the rate between two snapshots
 let snap = null;
@@ -12,28 +12,6 @@ let selected = null; // the job whose detail is open
 let selectedSeen = null; // its updated_ms when the detail was last drawn
 
 // -- small helpers -------------------------------------------------------------------------
-const $ = (sel) => document.querySelector(sel);
-
-function h(tag, attrs = {}, ...children) {
-  const el = document.createElement(tag);
-  for (const [k, v] of Object.entries(attrs)) {
-    if (k === "class") el.className = v;
-    else if (k === "style") el.style.cssText = v; // through the CSSOM: the CSP allows no inline style
-    else if (k.startsWith("on")) el.addEventListener(k.slice(2), v);
-    else el.setAttribute(k, v);
-  }
-  for (const c of children.flat()) {
-    if (c !== null && c !== undefined) el.append(c instanceof Node ? c : String(c));
-  }
-  return el;
-}
-
-function svg(tag, attrs = {}) {
-  const el = document.createElementNS("http://www.w3.org/2000/svg", tag);
-  for (const [k, v] of Object.entries(attrs)) el.setAttribute(k, v);
-  return el;
-}
-
 const credits = (micro) => micro === null || micro === undefined ? "–"
   : (micro / 1e6).toLocaleString("en", { minimumFractionDigits: 2, maximumFractionDigits: 6 });
 const cores = (milli) => `${(milli / 1000).toLocaleString("en", { maximumFractionDigits: 2 })} cores`;
