@@ -12,13 +12,12 @@ import argparse
 import sys
 from collections.abc import Callable
 from datetime import UTC, datetime
-from typing import Any
-
-from rich.console import Console, Group
-from rich.live import Live
-from rich.text import Text
+from typing import TYPE_CHECKING, Any
 
 from node.cli.common import client
+
+if TYPE_CHECKING:
+    from rich.console import Group
 
 __all__ = ["follow"]
 
@@ -31,6 +30,10 @@ def follow(args: argparse.Namespace, title: str, render: Callable[[Json], str]) 
     ``render`` raises ValueError for a snapshot it cannot show (its message is the one line
     the command prints, status 1).
     """
+    # Imported here: rich costs every other cx command its start-up time (about 0.1 s).
+    from rich.console import Console
+    from rich.live import Live
+
     console = Console(highlight=False)
     stream = client(args).stream()
     try:
@@ -50,6 +53,9 @@ def follow(args: argparse.Namespace, title: str, render: Callable[[Json], str]) 
 
 
 def _frame(title: str, snapshot: Json, render: Callable[[Json], str]) -> Group:
+    from rich.console import Group
+    from rich.text import Text
+
     at = datetime.fromtimestamp(snapshot["at_ms"] / 1000, UTC).astimezone()
     heading = Text(f"{title} · live · {at:%H:%M:%S} · Ctrl-C to stop", style="bold")
     return Group(heading, Text(render(snapshot)))
