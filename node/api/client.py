@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import http.client
 import json
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 from urllib.parse import quote, urlencode, urlsplit
@@ -28,6 +29,9 @@ Json = dict[str, Any]
 
 # How much longer than a long-poll's own wait the socket waits for its answer.
 _POLL_MARGIN_S = 15.0
+# A live stream sends at least every 15 s (node/api/dashboard.py): silence past this is a
+# dead node.
+_STREAM_IDLE_S = 45.0
 
 
 class ClientError(Exception):
@@ -138,6 +142,41 @@ class ApiClient:
     def ledger(self) -> Json:
         return self._object("GET", "/v1/ledger")
 
+    def dashboard_link(self) -> Json:
+        return self._object("POST", "/v1/dashboard/link")
+
+    def stream(self) -> Iterator[Json]:
+        """The dashboard's snapshots (GET /v1/stream), one whenever the node changes, for
+        ever: the node ends each stream after a while and this opens the next.
+
+        Raises ApiError, NodeNotRunning, ClientError as :meth:`call` does.
+        """
+        while True:
+            conn = http.client.HTTPConnection(self._host, self._port, timeout=_STREAM_IDLE_S)
+            try:
+                try:
+                    conn.request("GET", "/v1/stream", headers=self._headers())
+                    response = conn.getresponse()
+                    if response.status != 200:
+                        self._answer(response.status, response.read())
+                    named = False  # the message has an event name: not a snapshot
+                    while line := response.readline():
+                        if line.startswith(b"event:"):
+                            named = True
+                        elif line.startswith(b"data: ") and not named:
+                            yield json.loads(line[len(b"data: ") :])
+                        elif line in (b"\n", b"\r\n"):
+                            named = False
+                except ConnectionRefusedError:
+                    raise NodeNotRunning(_not_running(self._home, self.base_url)) from None
+                except (OSError, http.client.HTTPException, ValueError) as exc:
+                    raise ClientError(
+                        f"the node at {self.base_url} broke off its live stream ({exc}); "
+                        "check that `cx node` is still running"
+                    ) from None
+            finally:
+                conn.close()
+
     # -- transport -------------------------------------------------------------------------
 
     def _object(self, method: str, path: str, body: Json | str | None = None) -> Json:
@@ -169,7 +208,7 @@ class ApiClient:
             NodeNotRunning: nothing listens at the URL.
             ClientError: no answer (timeout, reset) or not the API's.
         """
-        headers = {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+        headers = self._headers()
         data = None
         if body is not None:
             data = (body if isinstance(body, str) else json.dumps(body)).encode()
@@ -190,6 +229,13 @@ class ApiClient:
             ) from None
         finally:
             conn.close()
+        return self._answer(status, raw)
+
+    def _headers(self) -> dict[str, str]:
+        return {"Authorization": f"Bearer {self._token}", "Accept": "application/json"}
+
+    def _answer(self, status: int, raw: bytes) -> Any:  # noqa: ANN401 - the route's JSON
+        """The decoded answer; raises ApiError for an error answer, BadResponse."""
         try:
             answer = json.loads(raw)
         except ValueError:

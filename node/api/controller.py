@@ -5,6 +5,7 @@ the peer's refusals become :class:`ApiError` with their HTTP status, and
 from __future__ import annotations
 
 import dataclasses
+import logging
 import secrets
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -15,11 +16,14 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from node.api import views
-from node.api.common import ApiError, clear_api_info, write_api_info
+from node.api.common import API_FILE, ApiError, clear_api_info, write_api_info
+from node.api.scrape import exposition
 from node.api.server import serve_api
+from node.api.snapshot import snapshot
 from node.market.reputation import score_of
 from node.market.request import JobRequest, RequestError
 from node.peer import Conflict, Peer, PeerError, UnknownJob
+from protocol.messages import JobState
 
 if TYPE_CHECKING:
     from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
@@ -27,6 +31,7 @@ if TYPE_CHECKING:
 __all__ = ["NodeController", "serve_control"]
 
 Json = dict[str, Any]
+log = logging.getLogger(__name__)
 
 
 @contextmanager
@@ -126,6 +131,24 @@ class NodeController:
     def ledger(self) -> Json:
         return views.ledger(self.peer.ledger(), self.peer.key.public_key.raw)
 
+    def metrics(self) -> bytes:
+        return exposition(self.peer)
+
+    def snapshot(self) -> Json:
+        return snapshot(self.peer, self.node_info(), self.market())
+
+    def version(self) -> int:
+        return self.peer.market.version
+
+    async def changed(self) -> None:
+        await self.peer.changed()
+
+    def ticking(self) -> bool:
+        if self.peer.provider is None:
+            return False
+        counts = self.peer.db.state_counts("provider")
+        return any(counts.get(s.value, 0) for s in (JobState.TRANSFERRING, JobState.RUNNING))
+
 
 async def serve_control(
     peer: Peer, *, task_status: TaskStatus[str] = trio.TASK_STATUS_IGNORED
@@ -148,6 +171,7 @@ async def serve_control(
         )
         url = f"http://127.0.0.1:{port}"
         write_api_info(home, url, token)
+        log.info("control API published in %s", home / API_FILE)
         try:
             task_status.started(url)
             await trio.sleep_forever()

@@ -10,6 +10,7 @@ from typing import Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 __all__ = [
+    "DashboardLink",
     "ErrorBody",
     "EventView",
     "HistoryView",
@@ -204,6 +205,11 @@ class LedgerEntryView(_View):
 class LedgerView(_View):
     balance: int
     entries: list[LedgerEntryView]
+
+
+class DashboardLink(_View):
+    url: str  # open it in a browser on this machine; good once
+    expires_s: float
 
 
 class ErrorDetail(_View):

@@ -9,7 +9,10 @@ Rules:
 
 - Every request carries ``Authorization: Bearer <token>``; the token is compared in
   constant time and anything else is answered 401 before routing (so unknown routes are
-  not revealed either).
+  not revealed either). Two exceptions, for the dashboard (node/api/dashboard.py): its
+  login page and assets are public, and a browser's dashboard session (a cookie,
+  node/api/sessions.py) may make GET requests; ``/dashboard`` without either redirects
+  to the login page.
 - A request body may not exceed ``max_body`` bytes (413, chunked bodies too). Each read
   from a client must come within ``read_timeout_s``; a client that stops sending is
   disconnected, and it holds no slot another client needs: there is no connection limit
@@ -47,6 +50,9 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
     GET  /v1/market/history?interval_ms=N&since_ms=T&field=F
                                   HistoryView: OHLC candles of the tape per class
     GET  /v1/ledger               LedgerView
+    GET  /metrics                 the Prometheus text format (node/api/scrape.py)
+    POST /v1/dashboard/link       DashboardLink: a one-time login link for a browser
+    GET  /v1/stream, /dashboard   the dashboard and its live updates (node/api/dashboard.py)
 """
 
 from __future__ import annotations
@@ -61,13 +67,23 @@ import trio
 from fastapi import FastAPI, Path, Query, Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.utils import get_openapi
-from fastapi.responses import JSONResponse
+from fastapi.responses import JSONResponse, Response
 from hypercorn.config import Config as HypercornConfig
 from hypercorn.trio import serve as hypercorn_serve
 from starlette.exceptions import HTTPException
 
 from node.api import models
 from node.api.common import MAX_BODY, MAX_WAIT_S, ApiError
+from node.api.dashboard import (
+    API_PAGE_PATH,
+    LOGIN_PATH,
+    PAGE_PATH,
+    STATIC_PREFIX,
+    Live,
+    add_dashboard,
+    server_port,
+)
+from node.api.sessions import Sessions
 from node.market.request import JobRequest, RequestError, parse_request
 
 if TYPE_CHECKING:
@@ -82,6 +98,7 @@ log = logging.getLogger(__name__)
 READ_TIMEOUT_S = 10.0
 _INT_MAX = 2**63 - 1
 _WEEK_MS = 7 * 86_400_000
+_PROMETHEUS = "text/plain; version=0.0.4; charset=utf-8"
 
 Json = dict[str, Any]
 _Scope = MutableMapping[str, Any]
@@ -90,9 +107,10 @@ _Receive = Callable[[], Awaitable[_Message]]
 _Send = Callable[[_Message], Awaitable[None]]
 
 
-class Controller(Protocol):
+class Controller(Live, Protocol):
     """What a running node offers the API. Methods return JSON-able values in the shapes of
-    node/api/models.py and raise :class:`ApiError` for the user's mistakes."""
+    node/api/models.py and raise :class:`ApiError` for the user's mistakes; the dashboard's
+    live stream takes ``snapshot``, ``version`` and ``changed`` (node/api/dashboard.py)."""
 
     def node_info(self) -> Json: ...
 
@@ -124,6 +142,10 @@ class Controller(Protocol):
 
     def ledger(self) -> Json: ...
 
+    def metrics(self) -> bytes:
+        """The node in the Prometheus text format (node/api/scrape.py)."""
+        ...
+
 
 # -- the application ---------------------------------------------------------------------
 
@@ -139,8 +161,15 @@ _ERRORS: dict[int | str, dict[str, Any]] = {
 }
 
 
-def build_app(controller: Controller, *, token: str, max_body: int = MAX_BODY) -> _Guard:
-    """The control API over ``controller`` as an ASGI application.
+def build_app(
+    controller: Controller,
+    *,
+    token: str,
+    max_body: int = MAX_BODY,
+    read_timeout_s: float = READ_TIMEOUT_S,
+) -> _Guard:
+    """The control API over ``controller`` as an ASGI application; ``read_timeout_s`` is
+    the server's (a live stream ends before it).
 
     Raises:
         ValueError: ``token`` is empty.
@@ -156,10 +185,14 @@ def build_app(controller: Controller, *, token: str, max_body: int = MAX_BODY) -
         redoc_url=None,
         responses=_ERRORS,
     )
+    sessions = Sessions()
     _routes(app, controller)
+    add_dashboard(
+        app, controller, token=token.encode(), sessions=sessions, stream_s=read_timeout_s * 0.8
+    )
     _errors(app)
     app.openapi = lambda: _openapi(app)  # type: ignore[method-assign]
-    return _Guard(app, token=token.encode(), max_body=max_body)
+    return _Guard(app, token=token.encode(), max_body=max_body, sessions=sessions)
 
 
 JobId = Annotated[str, "a job id or an unambiguous prefix of one"]
@@ -263,6 +296,19 @@ def _routes(app: FastAPI, c: Controller) -> None:
     async def ledger() -> Json:
         return c.ledger()
 
+    @app.get(
+        "/metrics",
+        response_class=Response,
+        responses={
+            200: {
+                "content": {_PROMETHEUS: {"schema": {"type": "string"}}},
+                "description": "the node's metrics, Prometheus text format 0.0.4",
+            }
+        },
+    )
+    async def metrics() -> Response:
+        return Response(c.metrics(), media_type=_PROMETHEUS)
+
 
 def _errors(app: FastAPI) -> None:
     @app.exception_handler(ApiError)
@@ -330,10 +376,11 @@ class _Guard:
     whole here, so a 413 can always be answered), ``Connection: close``, and a last 500
     for what escapes the application."""
 
-    def __init__(self, app: FastAPI, *, token: bytes, max_body: int) -> None:
+    def __init__(self, app: FastAPI, *, token: bytes, max_body: int, sessions: Sessions) -> None:
         self.app = app
         self.token = token
         self.max_body = max_body
+        self.sessions = sessions
 
     def openapi(self) -> dict[str, Any]:
         return self.app.openapi()
@@ -343,7 +390,10 @@ class _Guard:
             await self.app(scope, receive, send)  # lifespan
             return
         headers = dict(scope["headers"])
-        if not _authorized(headers.get(b"authorization", b""), self.token):
+        if not self._admitted(scope, headers):
+            if scope["path"] in (PAGE_PATH, API_PAGE_PATH):  # a person at a browser
+                await _redirect(send, LOGIN_PATH)
+                return
             await _reply(send, 401, "unauthorized", "a valid bearer token is required",
                          [(b"www-authenticate", b"Bearer")])  # fmt: skip
             return
@@ -378,6 +428,17 @@ class _Guard:
                 log.exception("control API: %s %s failed", scope["method"], scope["path"])
                 await _reply(send, 500, "internal", "the node failed; see its log")
 
+    def _admitted(self, scope: _Scope, headers: dict[bytes, bytes]) -> bool:
+        """The token; or a dashboard session, for reading; or a page anyone may see."""
+        path = scope["path"]
+        if _authorized(headers.get(b"authorization", b""), self.token):
+            return True
+        if path == LOGIN_PATH or path.startswith(STATIC_PREFIX):
+            return True
+        return scope["method"] in ("GET", "HEAD") and self.sessions.valid(
+            headers.get(b"cookie", b""), server_port(scope)
+        )
+
     async def _body(self, headers: dict[bytes, bytes], receive: _Receive) -> bytes:
         length = headers.get(b"content-length")
         if length is not None and (not length.isdigit() or int(length) > self.max_body):
@@ -397,6 +458,21 @@ class _Guard:
 def _authorized(header: bytes, expected: bytes) -> bool:
     scheme, _, given = header.partition(b" ")
     return scheme.lower() == b"bearer" and hmac.compare_digest(given.strip(), expected)
+
+
+async def _redirect(send: _Send, location: str) -> None:
+    await send(
+        {
+            "type": "http.response.start",
+            "status": 303,
+            "headers": [
+                (b"location", location.encode()),
+                (b"content-length", b"0"),
+                (b"connection", b"close"),
+            ],
+        }
+    )
+    await send({"type": "http.response.body", "body": b""})
 
 
 async def _reply(
@@ -441,7 +517,7 @@ async def serve_api(
         ValueError: ``token`` is empty.
         OSError: the address cannot be bound.
     """
-    app = build_app(controller, token=token, max_body=max_body)
+    app = build_app(controller, token=token, max_body=max_body, read_timeout_s=read_timeout_s)
     config = HypercornConfig()
     config.bind = [f"{host}:{port}"]
     config.read_timeout = read_timeout_s  # type: ignore[assignment]  # a float serves too

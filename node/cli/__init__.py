@@ -12,11 +12,41 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from node.cli import attest, demo, exec, image, jobs, market, node, run, store, testnet
+from node.cli import (
+    attest,
+    completion,
+    config,
+    dashboard,
+    demo,
+    exec,
+    image,
+    jobs,
+    market,
+    node,
+    run,
+    store,
+    testnet,
+    top,
+)
 
 __all__ = ["main"]
 
-_GROUPS: tuple[Any, ...] = (testnet, node, demo, attest, image, store, exec, run, jobs, market)
+_GROUPS: tuple[Any, ...] = (
+    testnet,
+    node,
+    demo,
+    attest,
+    image,
+    store,
+    exec,
+    run,
+    jobs,
+    market,
+    dashboard,
+    config,
+    top,
+    completion,
+)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.common import add_common, age, client, credits, print_json, short_peer, table, talk
+from node.cli.live import follow
 
 __all__ = ["register"]
 
@@ -31,6 +32,9 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         description="List the jobs this node submitted, newest first, or show JOB in full.",
     )
     jobs.add_argument("job", nargs="?", metavar="JOB", help="show this job in full")
+    jobs.add_argument(
+        "--watch", action="store_true", help="keep the list on screen, redrawn at every change"
+    )
     add_common(jobs, json_help="print the JobView(s) as JSON")
     jobs.set_defaults(run=talk("cx jobs", _jobs))
 
@@ -75,6 +79,10 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
 
 
 def _jobs(args: argparse.Namespace) -> int:
+    if args.watch:
+        return follow(
+            args, "cx jobs", lambda snapshot: render_jobs(snapshot["jobs"], snapshot["at_ms"])
+        )
     api = client(args)
     if args.job is not None:
         job = api.job(args.job)

@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from node.cli.common import add_common, cpu, parse_credits, print_json, size_bytes
+from node.cli.logs_json import use_json_logs
 from node.storage.db import DamagedDatabase
 from node.storage.home import DEFAULT_LISTEN, Home, HomeError, NodeConfig, ProviderConfig, init_home
 from node.storage.image import host_arch
@@ -124,6 +125,12 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     node.add_argument(
         "--bootstrap", action="append", default=[], metavar="MULTIADDR", help="also join this peer"
     )
+    node.add_argument(
+        "--log-format",
+        choices=("text", "json"),
+        default="text",
+        help="json: one JSON object per line (ts, level, logger, message, exc)",
+    )
     node.set_defaults(run=_node)
 
 
@@ -173,6 +180,8 @@ def _init(args: argparse.Namespace) -> int:
 
 def _node(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
+    if args.log_format == "json":
+        use_json_logs()
     home = Home(args.home.expanduser())
     try:
         trio.run(_serve, home, tuple(args.bootstrap))

@@ -118,6 +118,7 @@ class JobResult:
     stderr: str | None = None
     truncated_logs: tuple[str, ...] = ()  # LOG_PATHS cut at LOG_CAP_BYTES
     detail: str = ""
+    start_s: float | None = None  # run_job until the runtime had started the container
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -225,6 +226,14 @@ class Executor:
         self.runtime.close()
         self._jobs.close()
 
+    def live_usage(self) -> dict[str, Counters]:
+        """What each running job has used so far, from its cgroup (CPU time, peak memory,
+        I/O): for the dashboard and ``cx top``. Reads a few small cgroup files per job."""
+        return {
+            job_id: read_counters(self.cgroups.job(_cgroup_path(job_id)))
+            for job_id in self._running
+        }
+
     def preempt(self, job_id: str) -> bool:
         """Ask a running job to stop (declared signal, grace, kill). False if not running."""
         running = self._running.get(job_id)
@@ -285,6 +294,7 @@ class Executor:
         job = self.jobs_dir / job_id
         started = False
         t_start: float | None = None
+        t_prepare = time.monotonic()
         try:
             if job.exists():  # the same id ran before and is still being cleaned up
                 await self.settled()
@@ -314,9 +324,10 @@ class Executor:
                 os.close(pidfd)
             wall_ms = int((time.monotonic() - t_start) * 1000)
             say("collecting outputs")
-            return await self._collect(
+            result = await self._collect(
                 job_id, job, spec, checkpoint, status, wall_ms, timed_out, preempted
             )
+            return replace(result, start_s=t_start - t_prepare)
         except Exception as exc:  # per-job top: a provider fault, never the buyer's job
             log.exception("job %s: provider fault", job_id)
             wall = int((time.monotonic() - t_start) * 1000) if t_start is not None else 0

@@ -234,6 +234,7 @@ class Buyer:
             self.db.save_order(order.id, "bid", order.wire, order.expires_ms, job_id)
             self.db.update_job(job_id, bid_id=order.id)
         self._bid_jobs[order.id] = job_id
+        self.market.metrics.matched(len(matches))
         return order, matches
 
     async def _announce(self, order: Signed[Bid], matches: list[Match]) -> None:
@@ -348,11 +349,13 @@ class Buyer:
                     if not isinstance(reply.payload, Accept):
                         why = f"{reply.payload.reason} {reply.payload.detail}".strip()
                         self._event(job_id, "negotiating", f"{who} rejected: {why}")
+                        self.market.metrics.negotiation("buyer", "rejected")
                         return None
                     accepted = True
                     await self._check_evidence(provider, terms, reply.payload.evidence)
                     agreement: Agreement = self.buying.agree(proposal.id)
                     self._agreed(job_id, match, agreement)  # durable before the provider runs
+                    self.market.metrics.negotiation("buyer", "agreed")
                     try:
                         await stream.send_frame(agreement.to_wire())
                         read_control(await stream.receive_frame())
@@ -367,8 +370,10 @@ class Buyer:
         except (EvidenceError, attestation.EnrolmentError) as exc:
             self.buying.evidence_failed(proposal.id)
             self._event(job_id, "negotiating", f"{who}: evidence refused: {exc}")
+            self.market.metrics.negotiation("buyer", "failed")
         except (NetworkError, trio.TooSlowError, ProtocolError, PeerRefused) as exc:
             self._event(job_id, "negotiating", f"{who} did not agree: {exc or 'no answer'}")
+            self.market.metrics.negotiation("buyer", "failed")
             if accepted:
                 self.buying.evidence_failed(proposal.id)
             else:

@@ -22,6 +22,7 @@ from typing import TYPE_CHECKING, Any
 import trio
 
 from node.clock import Clock, Entropy, Timings, nonce
+from node.metrics import Metrics
 from node.net.transport import (
     FramedStream,
     Network,
@@ -80,6 +81,7 @@ class Market:
         clock: Clock,
         timings: Timings,
         entropy: Entropy,
+        metrics: Metrics | None = None,
     ) -> None:
         self.trader = trader
         self.net = net
@@ -88,6 +90,7 @@ class Market:
         self.clock = clock
         self.timings = timings
         self.entropy = entropy
+        self.metrics = metrics or Metrics()  # what /metrics counts (node/metrics.py)
         self.addresses: dict[PeerId, str] = {}  # dialable addresses learned by hello
         self.tape = Tape()
         self._unsaved_prints: list[tuple[bytes, int, bytes]] = []
@@ -99,6 +102,7 @@ class Market:
         self.on_joined: Callable[[PeerId], None] = lambda peer: None  # after join's syncs
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
         self._changed = trio.Event()
+        self.version = 0  # counts touch(): a reader that saw N knows whether it missed one
 
     @property
     def me(self) -> PeerId:
@@ -112,6 +116,7 @@ class Market:
 
     def touch(self) -> None:
         """Something observable changed (a job, the book, the ledger): wake the waiters."""
+        self.version += 1
         self._changed.set()
         self._changed = trio.Event()
 
@@ -148,11 +153,13 @@ class Market:
         try:
             _, matches = self.trader.receive_order(data, now_ms=self.now_ms())
         except ProtocolError as exc:
+            self.metrics.order_refused(exc.reason.value)
             harmless = exc.reason in _HARMLESS or isinstance(exc, LocalProtocolError)
             if not harmless:
                 self.rejected[exc.reason.value] = self.rejected.get(exc.reason.value, 0) + 1
                 log.info("refused gossip from %s: %s", author, exc)
             return Verdict.IGNORE if harmless else Verdict.REJECT
+        self.metrics.order_admitted(len(matches))
         for match in matches:
             self._matches_send.send_nowait(match)
         self.touch()

@@ -253,6 +253,7 @@ class Provider:
         reply = await self._answer(proposal.id, proposal.payload.terms)
         await stream.send_frame(reply.wire)
         if not isinstance(reply.payload, Accept):
+            self.market.metrics.negotiation("provider", "rejected")
             return
         try:
             with trio.fail_after(self.timings.agreement_timeout_s):
@@ -263,6 +264,7 @@ class Provider:
         except (NetworkError, trio.TooSlowError, ProtocolError) as exc:
             log.info("no agreement for proposal %s: %s", proposal.id.hex()[:12], exc)
             self.selling.timed_out(proposal.id)
+            self.market.metrics.negotiation("provider", "failed")
             return
         self.db.save_agreement(
             agreement.id,
@@ -273,6 +275,7 @@ class Provider:
             job_id=None,
             created_ms=self.market.now_ms(),
         )
+        self.market.metrics.negotiation("provider", "agreed")
         try:
             await stream.send_frame(control(ok=True))
         except NetworkError as exc:
@@ -368,6 +371,8 @@ class Provider:
         except CapacityExceeded as exc:
             self._fault(agreement, str(exc))
             return
+        if result.start_s is not None:
+            self.market.metrics.container_start.observe(result.start_s)
         if terms.job.output_to is not None and result.outputs:
             outputs = await upload_outputs(
                 self.market.store, result.outputs, output_path=job.output_path,
@@ -442,6 +447,8 @@ class Provider:
         signed = self.selling.issue_receipt(
             agreement.id, nonce=self.market.nonce(), now_ms=self.market.now_ms(), **receipt
         )
+        usage = signed.payload.usage
+        self.market.metrics.metered(cpu_us=usage.cpu_us, wall_ms=usage.wall_ms)
         with self.db.atomic():
             self.db.save_receipt(agreement.id, signed.wire)
             self._send(agreement, JobState.RECEIPTED, signed.wire)

@@ -210,6 +210,10 @@ class MemoryNetwork:
     def score(self, peer: PeerId) -> float:
         return self._scores[peer]
 
+    def queue_depths(self) -> dict[str, int]:
+        waiting = (s.send.statistics().current_buffer_used for s in self._subscriptions.values())
+        return {"outbox": 0, "inbound": sum(waiting)}
+
     async def open_stream(self, peer: PeerId, protocol_id: ProtocolId) -> Stream:
         self._check_running()
         await trio.lowlevel.checkpoint()

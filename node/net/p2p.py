@@ -620,6 +620,12 @@ class P2PNetwork:
     def score(self, peer: PeerId) -> float:
         return self._scorer.score(ID.from_base58(peer), sorted(self._subscribed))
 
+    def queue_depths(self) -> dict[str, int]:
+        return {
+            "outbox": self._queued - self._sent,
+            "peers": sum(len(q) for q in self.pubsub.peer_queues.values()),
+        }
+
     async def _publisher(self) -> None:
         """Batch queued messages per topic into bundles and pace them out."""
         tuning = self.config.gossip

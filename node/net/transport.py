@@ -246,6 +246,11 @@ class Network(Protocol):
     def score(self, peer: PeerId) -> float:
         """This node's gossip score for ``peer``; rejected messages make it negative."""
 
+    def queue_depths(self) -> dict[str, int]:
+        """Gossip messages waiting now, per queue (``outbox``: published, not yet sent;
+        ``peers``: sent to peer queues, not yet written; ``inbound``: accepted, not yet
+        taken by the subscriber); for /metrics."""
+
     async def open_stream(self, peer: PeerId, protocol_id: ProtocolId) -> Stream:
         """Open a stream to ``peer`` speaking ``protocol_id``.
 

@@ -264,6 +264,17 @@ class Database:
     def jobs(self) -> list[JobRow]:
         return self._job_rows("ORDER BY created_ms DESC, id", ())
 
+    def state_counts(self, role: str | None = None) -> dict[str, int]:
+        """How many of this node's jobs are in each state (``role`` None), or how many of
+        its agreements in that role (buyer, provider)."""
+        if role is None:
+            rows = self._rows("SELECT state, COUNT(*) FROM jobs GROUP BY state")
+        else:
+            rows = self._rows(
+                "SELECT state, COUNT(*) FROM agreements WHERE role = ? GROUP BY state", (role,)
+            )
+        return {str(state): int(n) for state, n in rows}
+
     def _job_rows(self, where: str, args: tuple[Any, ...]) -> list[JobRow]:
         cursor = self._conn.execute(f"SELECT * FROM jobs {where}", args)  # noqa: S608
         names = [d[0] for d in cursor.description]

@@ -111,6 +111,9 @@ class BlobStore:
         for d in (self.root, self.root / "blobs", self._blobs):
             d.chmod(0o755)
         self._verified: dict[str, tuple[int, int, int]] = {}
+        # Chunk bytes served to and fetched from peers since start (node/storage/transfer.py
+        # counts them, in the event loop); /metrics shows them.
+        self.traffic = {"sent": 0, "received": 0}
 
     # -- writing ---------------------------------------------------------------------------
 

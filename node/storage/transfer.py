@@ -165,6 +165,7 @@ async def _serve_stream(store: BlobStore, framed: FramedStream) -> None:
             # stream; the requester moves these chunks to another peer.
             data = await trio.to_thread.run_sync(store.read_chunk, manifest, index)
             await framed.send_frame(data)
+            store.traffic["sent"] += len(data)
 
 
 def _parse_request(frame: bytes) -> tuple[str, str, list[int]]:
@@ -351,6 +352,7 @@ class _Transfer:
                 self.nursery.cancel_scope.cancel()
                 return
         self.done_bytes += len(data)
+        self.store.traffic["received"] += len(data)
         if self.progress is not None:
             self.progress(self.done_bytes, self.manifest.size)
 

@@ -244,6 +244,21 @@ class FakeController:
             ],
         }
 
+    def metrics(self) -> bytes:
+        return b"# TYPE cx_peers gauge\ncx_peers 0.0\n"
+
+    def snapshot(self) -> dict:
+        return {"node": self.node_info(), "jobs": list(self.views.values())}
+
+    def version(self) -> int:
+        return sum(len(events) for events in self.job_events.values())
+
+    async def changed(self) -> None:
+        await self._changed.wait()
+
+    def ticking(self) -> bool:
+        return False
+
     # -- helpers ----------------------------------------------------------------------------
 
     def _resolve(self, job_id: str) -> str:

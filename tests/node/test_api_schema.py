@@ -88,6 +88,8 @@ OPERATIONS = [
     ("GET", "/v1/market/history"),
     ("GET", "/v1/market/trades"),
     ("GET", "/v1/ledger"),
+    ("GET", "/metrics"),
+    ("POST", "/v1/dashboard/link"),
 ]
 
 
