@@ -28,9 +28,11 @@ log = logging.getLogger(__name__)
 _ONE_CORE = Resources(cpu_milli=1000, memory_bytes=128 << 20)
 
 
-async def measure_work_score(runner: Runner, store: BlobStore) -> int | None:
-    """Work units per core-hour of this machine; None (logged) if the kernel could not run."""
-    result = await run_benchmark(runner, store)
+async def measure_work_score(runner: Runner, store: BlobStore, job_id: str) -> int | None:
+    """Work units per core-hour of this machine; None (logged) if the kernel could not run.
+    ``job_id`` must be unique on the host: a job's cgroup is named after it, and several
+    providers on one machine (a testnet) measure at the same time."""
+    result = await run_benchmark(runner, store, job_id)
     if result is None:
         return None
     score = score_of(BENCHMARK_BYTES, result.usage.cpu_us)
@@ -38,7 +40,7 @@ async def measure_work_score(runner: Runner, store: BlobStore) -> int | None:
     return score
 
 
-async def run_benchmark(runner: Runner, store: BlobStore) -> JobResult | None:
+async def run_benchmark(runner: Runner, store: BlobStore, job_id: str) -> JobResult | None:
     """Run the kernel as a job of one core; its result if it succeeded, else None (logged)."""
     try:
         image = await trio.to_thread.run_sync(benchmark_image, store)
@@ -46,7 +48,7 @@ async def run_benchmark(runner: Runner, store: BlobStore) -> JobResult | None:
         log.warning("no benchmark: cannot build its image: %s", exc)
         return None
     spec = JobSpec(image=image, command=BENCHMARK_COMMAND, wall_ms=300_000)
-    result = await runner.run_job(spec, _ONE_CORE, job_id="benchmark", checkpoint=None)
+    result = await runner.run_job(spec, _ONE_CORE, job_id=job_id, checkpoint=None)
     if result.exit_reason is not ExitReason.SUCCESS or result.usage.cpu_us <= 0:
         log.warning("benchmark failed: %s, exit %s", result.exit_reason, result.exit_code)
         return None

@@ -141,7 +141,8 @@ class Provider:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:  # noqa: ANN401
         await self.executor.recover()
         if self.config.benchmark:
-            self._work_score = await measure_work_score(self.executor, self.market.store)
+            job_id = f"benchmark-{self.market.nonce(8).hex()}"
+            self._work_score = await measure_work_score(self.executor, self.market.store, job_id)
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
             self._restore()

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import functools
 import hashlib
+import os
 from pathlib import Path
 
 import pytest
@@ -285,7 +286,7 @@ async def test_the_benchmark_kernel_gives_a_work_score_from_a_real_container(env
     one core, on the busybox image the node builds itself. Its output is the MD5 of the
     zeros it hashed, so the work was really done, and the CPU time it took gives a score."""
     executor, _ = env
-    result = await run_benchmark(executor, executor.store)
+    result = await run_benchmark(executor, executor.store, f"benchmark-{os.urandom(8).hex()}")
     assert result is not None
     assert result.stdout is not None
     digest = hashlib.md5(bytes(BENCHMARK_BYTES)).hexdigest()
