@@ -11,9 +11,12 @@ Rules:
   that "more than the cap" is observable), ``ckpt`` a tmpfs for the checkpoint directory,
   ``stdout`` and ``stderr`` a tmpfs each, capped at ``LOG_CAP_BYTES`` (+ one page): a log
   past its cap is cut there and named in ``JobResult.truncated_logs``. Inputs are verified
-  and bind-mounted read-only from the store. /tmp is a container tmpfs of ``disk_bytes`` (or
-  a default). tmpfs pages are charged to the job's memory cgroup, so no write escapes the
-  memory limit either. Every path is absolute (a relative home is resolved first).
+  and bind-mounted read-only from the store. /tmp is the job's scratch disk when it reserves
+  ``disk_bytes`` (``scratch``: an ext4 image of that size on the provider's disk,
+  loop-mounted, node/exec/scratch.py; what it used at the end is ``JobResult.scratch_bytes``),
+  else a small container tmpfs. tmpfs pages are charged to the job's memory cgroup, so no
+  write escapes the memory limit either. Every path is absolute (a relative home is
+  resolved first).
 - Wall clock: from the moment the runtime has started the job until init exits. At
   ``wall_ms`` the job is killed (timeout).
   On preemption the declared signal goes to the job's init, then after ``grace_ms`` SIGKILL;
@@ -61,6 +64,7 @@ from node.exec.janitor import Janitor
 from node.exec.jobsdir import JobsDir
 from node.exec.ocispec import Bind, JobConfig, build_config
 from node.exec.runtime import Runtime, RuntimeFault, choose_runtime
+from node.exec.scratch import make_scratch, remove_image, used_bytes
 from node.storage.image import ID_MAP_BASE, RootfsCache, image_config
 from node.storage.store import BlobStore
 from protocol.limits import check_limits, check_pids_limit
@@ -117,6 +121,7 @@ class JobResult:
     stdout: str | None = None  # blob digests of the job's logs
     stderr: str | None = None
     truncated_logs: tuple[str, ...] = ()  # LOG_PATHS cut at LOG_CAP_BYTES
+    scratch_bytes: int = 0  # used on the scratch disk when the job ended
     detail: str = ""
 
 
@@ -128,6 +133,7 @@ class _Gathered:
     checkpoint: str | None
     logs: tuple[str | None, ...]  # stdout, stderr
     truncated_logs: tuple[str, ...]
+    scratch_bytes: int
 
 
 @dataclass(slots=True)
@@ -174,6 +180,8 @@ class Executor:
         self.mode = self.cgroups.mode
         self.runtime: Runtime = choose_runtime(self.mode, config.work_root, config.runtime)
         self.jobs_dir = config.work_root / "jobs"
+        self.scratch_dir = config.work_root / "scratch"  # on disk, unlike jobs_dir
+        self._scratch_base: dict[str, int] = {}  # job id -> bytes its empty scratch used
         self._jobs = JobsDir(self.jobs_dir)  # a shared tmpfs, until close()
         self._jobs.open()
         self._in_use = Resources(cpu_milli=0, memory_bytes=0, disk_bytes=0, gpus=0)
@@ -211,6 +219,11 @@ class Executor:
                 self._janitor.submit(job_id, functools.partial(self._clean_up, job_id, cid, None))
         for job in self.jobs_dir.iterdir():
             self._janitor.submit(job.name, functools.partial(self._clean_up, job.name, None, job))
+        left = self.scratch_dir.glob("*.img") if self.scratch_dir.is_dir() else ()
+        for image in left:
+            self._janitor.submit(
+                image.stem, functools.partial(self._clean_up, image.stem, None, None)
+            )
         await self.settled()
         await self.runtime.ready()  # the first job need not wait for the namespace helper
 
@@ -267,6 +280,7 @@ class Executor:
             return await self._run(job_id, spec, resources, checkpoint, gpus, running, progress)
         finally:
             del self._running[job_id]
+            self._scratch_base.pop(job_id, None)
             self._in_use = self._in_use.minus(resources)
             self._free_gpus.extend(gpus)
 
@@ -347,6 +361,10 @@ class Executor:
             log.warning("job %s: cgroups left behind: %s", job_id, left)
         if job is not None:
             _teardown_dir(job)
+        remove_image(self._scratch_image(job_id))
+
+    def _scratch_image(self, job_id: str) -> Path:
+        return self.scratch_dir / f"{job_id}.img"
 
     async def _prepare(
         self,
@@ -387,6 +405,19 @@ class Executor:
             binds.append(
                 Bind(source=str(job / "ckpt"), destination=checkpoint.path, readonly=False)
             )
+        if resources.disk_bytes:
+            (job / "scratch").mkdir()
+            self._scratch_base[job_id] = await trio.to_thread.run_sync(
+                functools.partial(
+                    make_scratch,
+                    self._scratch_image(job_id),
+                    job / "scratch",
+                    size_bytes=resources.disk_bytes,
+                    uid=uid,
+                    gid=gid,
+                )
+            )
+            binds.append(Bind(source=str(job / "scratch"), destination="/tmp", readonly=False))  # noqa: S108
         for ref in spec.inputs:
             await trio.to_thread.run_sync(self.store.verify, ref.digest)
             binds.append(Bind(source=str(self.store.path(ref.digest)), destination=ref.path))
@@ -411,7 +442,7 @@ class Executor:
                 binds=binds,
                 devices=wiring.devices,
                 block_device=self.block_device,
-                scratch_bytes=resources.disk_bytes or _DEFAULT_SCRATCH,
+                scratch_bytes=None if resources.disk_bytes else _DEFAULT_SCRATCH,
             )
         )
         (job / "config.json").write_text(json.dumps(cfg))
@@ -503,6 +534,7 @@ class Executor:
             stdout=got.logs[0],
             stderr=got.logs[1],
             truncated_logs=got.truncated_logs,
+            scratch_bytes=got.scratch_bytes,
         )
 
     def _gather(
@@ -516,6 +548,8 @@ class Executor:
         if out_bytes <= spec.max_output_bytes:
             outputs = _store_outputs(self.store, job / "out", spec.output_path)
         ckpt = _store_checkpoint(self.store, job / "ckpt") if checkpoint is not None else None
+        base = self._scratch_base.get(job_id)
+        scratch = used_bytes(job / "scratch", base) if base is not None else 0
         kept = [self._store_log(job / name / "log") for name in _LOGS]
         logs = tuple(digest for digest, _ in kept)
         keep = [o.digest for o in outputs] + [d for d in [ckpt, *logs] if d]
@@ -528,6 +562,7 @@ class Executor:
             checkpoint=ckpt,
             logs=logs,
             truncated_logs=tuple(p for p, (_, cut) in zip(LOG_PATHS, kept, strict=True) if cut),
+            scratch_bytes=scratch,
         )
 
     def _store_log(self, path: Path) -> tuple[str | None, bool]:
@@ -653,6 +688,6 @@ def _cgroup_path(job_id: str) -> str:
 
 
 def _teardown_dir(job: Path) -> None:
-    for sub in ("root", "out", *_LOGS, "ckpt"):
+    for sub in ("root", "out", *_LOGS, "ckpt", "scratch"):
         mounts.unmount(job / sub)
     shutil.rmtree(job, ignore_errors=True)
