@@ -18,6 +18,7 @@ from protocol.book import OrderBook
 from protocol.encoding import decode, encode
 from protocol.envelope import MESSAGE_TYPES, open_signed, seal
 from protocol.errors import DecodeError, InvalidMessage
+from protocol.estimate import BadEstimateLabel, Observed, parse_estimate_label, recommend
 from protocol.identity import PrivateKey
 from protocol.limits import OutOfBounds
 from protocol.limits import check_limits as limits_of
@@ -225,6 +226,32 @@ def check_limits(case):
             limits_of(job, resources, checkpoint)
         assert info.value.reason.value == case["error"]
         assert info.value.field == case["field"]
+
+
+def check_estimate(case):
+    if "label" in case:
+        if not case["valid"]:
+            with pytest.raises(BadEstimateLabel) as info:
+                parse_estimate_label(case["label"])
+            assert (info.value.reason, info.value.key) == (case["error"], case["key"])
+            return
+        rule = parse_estimate_label(case["label"])
+        command = None if rule.command is None else list(rule.command)
+        assert command == case["command"]
+        assert (rule.sample_bytes, rule.memory_scales) == (
+            case["sample_bytes"],
+            case["memory_scales"],
+        )
+        return
+    rec = recommend(
+        Observed(**case["observed"]),
+        full_input_bytes=case["full_input_bytes"],
+        sampled_input_bytes=case["sampled_input_bytes"],
+        memory_scales=case["memory_scales"],
+    )
+    assert rec.resources == from_value(Resources, from_json(case["resources"]))
+    assert rec.wall_ms == case["wall_ms"]
+    assert rec.expected == from_value(Usage, from_json(case["expected"]))
 
 
 def check_sealed_secrets(case):

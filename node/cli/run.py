@@ -33,14 +33,26 @@ from node.cli.common import (
     short_peer,
     size_bytes,
 )
+from node.cli.estimate import (
+    DEFAULT_DISK,
+    DEFAULT_MEMORY,
+    DEFAULT_TIMEOUT_MS,
+    EstimateFailed,
+    flags,
+    measure,
+)
+from node.cli.exec import progress_printer
 from node.cli.image import resolve_image
 from node.market.buyer import FINAL_STATES
 from node.market.request import JobRequest, RequestError, build_request
 from node.storage.fetching import FetchError
 from node.storage.image import ImageError
 from node.storage.objects import S3Keys, hash_object
-from node.storage.registry import Login, looks_like_registry_ref
+from node.storage.registry import Login, RegistryError, looks_like_registry_ref
 from node.storage.store import BlobStore
+from protocol.estimate import BadEstimateLabel
+from protocol.limits import OutOfBounds
+from protocol.messages import Resources
 
 __all__ = ["register"]
 
@@ -61,6 +73,7 @@ examples:
   cx run --wait-match 2m --region eu-west --trust sev-snp --max-price 5 sha256:4f1c... -- true
   cx run --max-price 1 --input s3://data/run1/:/in --output-to s3://data/out/ \\
          registry.example:5000/team/app@sha256:0315... -- sh -c 'wc -l /in/* > /out/n'
+  cx run --estimate --max-price 1 --input data.csv:/in/data.csv busybox -- sort /in/data.csv
 
 IMAGE is a manifest digest (sha256:...), a name or digest prefix from `cx image ls` in the
 node's store, the path of an OCI layout directory or archive, which the node imports, or a
@@ -86,6 +99,16 @@ Interrupting cx run (Ctrl-C) leaves the job to the node: `cx cancel JOB` stops i
 """
 
 
+_DEFAULTS = {"cpu": 1000, "memory": 256 << 20, "disk": 0, "timeout": 3_600_000}
+# The measured run of --estimate: limits that should not cut it short (as cx estimate's).
+_ESTIMATE_DEFAULTS = {
+    "cpu": (os.cpu_count() or 1) * 1000,
+    "memory": DEFAULT_MEMORY,
+    "disk": DEFAULT_DISK,
+    "timeout": DEFAULT_TIMEOUT_MS,
+}
+
+
 class _Unusable(Exception):
     """An option value cx cannot turn into a request; the message says what to do."""
 
@@ -104,16 +127,15 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run in it"
     )
     need = p.add_argument_group("resources")
-    need.add_argument("--cpu", type=cpu, default=1000, help="cores (0.5, 2) or 500m; default 1")
+    need.add_argument("--cpu", type=cpu, help="cores (0.5, 2) or 500m; default 1")
+    need.add_argument("--memory", type=size_bytes, help="memory, e.g. 512M; default 256M")
     need.add_argument(
-        "--memory", type=size_bytes, default=256 << 20, help="memory, e.g. 512M; default 256M"
+        "--disk", type=size_bytes, help="scratch disk (the job's /tmp), e.g. 1G; default 0"
     )
-    need.add_argument("--disk", type=size_bytes, default=0, help="scratch disk, e.g. 1G; default 0")
     need.add_argument("--gpus", type=int, default=0, help="number of GPUs; default 0")
     need.add_argument(
         "--timeout",
         type=duration_ms,
-        default=3_600_000,
         metavar="DURATION",
         help="wall-clock limit of the job, e.g. 30s, 10m, 2h; default 1h",
     )
@@ -210,6 +232,13 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="directory in the job that it checkpoints to, for resuming elsewhere",
     )
     job.add_argument("--name", help="a name to recognise the job by in `cx jobs`")
+    job.add_argument(
+        "--estimate",
+        action="store_true",
+        help="first run it once here, as `cx estimate` does, and bid for the resources it "
+        "recommends (--cpu, --memory, --disk and --timeout are then the limits of that run, "
+        "by default as generous as cx estimate's)",
+    )
     follow = p.add_argument_group("following it")
     follow.add_argument(
         "--output",
@@ -288,6 +317,12 @@ def _request(args: argparse.Namespace) -> JobRequest:
         raise _Unusable("--checkpoint-path must be an absolute path in the container")
     same = args.max_price
     inputs = [_input(item) for item in args.input]
+    defaults = _ESTIMATE_DEFAULTS if args.estimate else _DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.estimate:
+        _estimate(args, command, inputs, env)
     fields = {
         "image": _image(args.image, args.home),
         "command": command,
@@ -321,6 +356,48 @@ def _request(args: argparse.Namespace) -> JobRequest:
         return build_request(**fields)
     except RequestError as exc:
         raise _Unusable(str(exc)) from None
+
+
+def _estimate(
+    args: argparse.Namespace,
+    command: list[str],
+    inputs: list[dict[str, Any]],
+    env: dict[str, str],
+) -> None:
+    """Measure the job here and put the recommended resources into ``args``.
+
+    Raises:
+        _Unusable: a URL input (estimation reads local files only), or the run failed.
+    """
+    urls = [i["url"] for i in inputs if "url" in i]
+    if urls:
+        raise _Unusable(
+            f"--estimate runs the job here on local --input files only, not {urls[0]}; "
+            "estimate with a local sample (cx estimate) and give --cpu and --memory"
+        )
+    files = [(Path(i["file"]), i["path"]) for i in inputs]
+    limits = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
+    try:
+        found = trio.run(
+            partial(
+                measure,
+                args.home,
+                args.image,
+                command,
+                files,
+                limits=limits,
+                wall_ms=args.timeout,
+                env=env,
+                progress=progress_printer(),
+            )
+        )
+    except (EstimateFailed, BadEstimateLabel, OutOfBounds, ImageError, RegistryError,
+            ValueError, OSError) as exc:  # fmt: skip
+        raise _Unusable(f"--estimate: {exc}") from None
+    rec = found.recommendation
+    args.cpu, args.memory = rec.resources.cpu_milli, rec.resources.memory_bytes
+    args.disk, args.timeout = rec.resources.disk_bytes, rec.wall_ms
+    print(f"cx run: estimated {flags(rec)}", file=sys.stderr)
 
 
 def _credentials(

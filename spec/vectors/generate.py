@@ -31,6 +31,7 @@ from protocol.envelope import (
     seal,
 )
 from protocol.errors import DecodeError, InvalidMessage
+from protocol.estimate import BadEstimateLabel, Observed, parse_estimate_label, recommend
 from protocol.identity import PrivateKey
 from protocol.limits import OutOfBounds, check_limits
 from protocol.messages import (
@@ -1036,6 +1037,67 @@ def work() -> None:
             }
         )
     write("work", "work", "spec/work.md#test-vectors", cases)
+def estimates() -> None:
+    """workloads.md "Estimation": estimation labels, and the resources a measured run
+    recommends."""
+    labels = [
+        ("command and sample", '{"command": ["sh", "-c", "run --quick"], "sample_bytes": 4096}'),
+        ("memory grows with the input", '{"sample_bytes": 1, "memory": "linear"}'),
+        ("empty: the job's own command on whole inputs", "{}"),
+        ("not JSON", "sample 4k"),
+        ("not an object", '["sh"]'),
+        ("unknown key", '{"cmd": ["sh"]}'),
+        ("command as a string", '{"command": "sh -c x"}'),
+        ("empty command", '{"command": []}'),
+        ("zero sample", '{"sample_bytes": 0}'),
+        ("boolean sample", '{"sample_bytes": true}'),
+        ("unknown memory rule", '{"memory": "quadratic"}'),
+    ]
+    cases: list[dict[str, object]] = []
+    for name, label in labels:
+        case: dict[str, object] = {"name": f"label: {name}", "label": label}
+        try:
+            rule = parse_estimate_label(label)
+        except BadEstimateLabel as exc:
+            case.update(valid=False, error=exc.reason, key=exc.key)
+        else:
+            case.update(
+                valid=True,
+                command=None if rule.command is None else list(rule.command),
+                sample_bytes=rule.sample_bytes,
+                memory_scales=rule.memory_scales,
+            )
+        cases.append(case)
+    runs: list[tuple[str, Observed, int, int, bool]] = [
+        ("a whole run", Observed(wall_ms=2000, cpu_us=1_500_000, memory_peak_bytes=100 << 20,
+                                 scratch_bytes=10 << 20), 0, 0, False),
+        ("a quarter sample, fixed memory", Observed(wall_ms=1000, cpu_us=900_000,
+                                                    memory_peak_bytes=40 << 20,
+                                                    io_read_bytes=10), 4000, 1000, False),
+        ("a quarter sample, linear memory", Observed(wall_ms=1000, cpu_us=900_000,
+                                                     memory_peak_bytes=40 << 20), 4000, 1000,
+         True),
+        ("an instant run", Observed(wall_ms=0, cpu_us=0, memory_peak_bytes=0), 0, 0, False),
+        ("more than the bounds", Observed(wall_ms=20 * 24 * HOUR, cpu_us=10**15,
+                                          memory_peak_bytes=1 << 47), 0, 0, False),
+    ]  # fmt: skip
+    for name, seen, full, sampled, linear in runs:
+        rec = recommend(
+            seen, full_input_bytes=full, sampled_input_bytes=sampled, memory_scales=linear
+        )
+        cases.append(
+            {
+                "name": f"recommend: {name}",
+                "observed": dataclasses.asdict(seen),
+                "full_input_bytes": full,
+                "sampled_input_bytes": sampled,
+                "memory_scales": linear,
+                "resources": to_json(to_value(rec.resources)),
+                "wall_ms": rec.wall_ms,
+                "expected": to_json(to_value(rec.expected)),
+            }
+        )
+    write("estimate", "estimate", "spec/workloads.md#test-vectors", cases)
 
 
 if __name__ == "__main__":
@@ -1051,3 +1113,4 @@ if __name__ == "__main__":
     tape()
     work()
     reputation()
+    estimates()
