@@ -17,6 +17,7 @@ from node.cli import (
     demo,
     estimate,
     exec,
+    flow,
     image,
     jobs,
     market,
@@ -38,6 +39,7 @@ _GROUPS: tuple[Any, ...] = (
     exec,
     estimate,
     run,
+    flow,
     jobs,
     market,
 )

@@ -54,7 +54,7 @@ from protocol.estimate import BadEstimateLabel
 from protocol.limits import OutOfBounds
 from protocol.messages import Resources
 
-__all__ = ["register"]
+__all__ = ["Unusable", "exit_status", "register", "request_image"]
 
 EXIT_NEVER_RAN = 2
 EXIT_CX = 125
@@ -109,7 +109,7 @@ _ESTIMATE_DEFAULTS = {
 }
 
 
-class _Unusable(Exception):
+class Unusable(Exception):
     """An option value cx cannot turn into a request; the message says what to do."""
 
 
@@ -264,7 +264,7 @@ def _run(args: argparse.Namespace) -> int:
         request = _request(args)
         api = client(args)
         job = api.submit(request)
-    except _Unusable as exc:
+    except Unusable as exc:
         print(f"cx run: {exc}", file=sys.stderr)
         return EXIT_CX
     except ApiError as exc:
@@ -293,28 +293,28 @@ def _request(args: argparse.Namespace) -> JobRequest:
     """The job request for the API from the command line, checked as the node checks it.
 
     Raises:
-        _Unusable: an option cannot be used as given.
+        Unusable: an option cannot be used as given.
     """
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise _Unusable("give a command after IMAGE, e.g. cx run busybox -- echo hello")
+        raise Unusable("give a command after IMAGE, e.g. cx run busybox -- echo hello")
     if args.max_price is None:
-        raise _Unusable(
+        raise Unusable(
             "give --max-price, the most you pay per core-hour in credits (e.g. --max-price "
             "1.5); `cx market` shows what offers ask"
         )
     if args.gpus and args.max_gpu_price is None:
-        raise _Unusable("give --max-gpu-price (credits per GPU-hour) with --gpus")
+        raise Unusable("give --max-gpu-price (credits per GPU-hour) with --gpus")
     if args.gpus < 0:
-        raise _Unusable("--gpus cannot be negative")
+        raise Unusable("--gpus cannot be negative")
     env = {}
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise _Unusable(f"--env {item!r}: use NAME=VALUE")
+            raise Unusable(f"--env {item!r}: use NAME=VALUE")
         env[key] = value
     if args.checkpoint_path is not None and not args.checkpoint_path.startswith("/"):
-        raise _Unusable("--checkpoint-path must be an absolute path in the container")
+        raise Unusable("--checkpoint-path must be an absolute path in the container")
     same = args.max_price
     inputs = [_input(item) for item in args.input]
     defaults = _ESTIMATE_DEFAULTS if args.estimate else _DEFAULTS
@@ -324,7 +324,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
     if args.estimate:
         _estimate(args, command, inputs, env)
     fields = {
-        "image": _image(args.image, args.home),
+        "image": request_image(args.image, args.home),
         "command": command,
         "env": env,
         "cpu_milli": args.cpu,
@@ -355,7 +355,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
     try:
         return build_request(**fields)
     except RequestError as exc:
-        raise _Unusable(str(exc)) from None
+        raise Unusable(str(exc)) from None
 
 
 def _estimate(
@@ -367,11 +367,11 @@ def _estimate(
     """Measure the job here and put the recommended resources into ``args``.
 
     Raises:
-        _Unusable: a URL input (estimation reads local files only), or the run failed.
+        Unusable: a URL input (estimation reads local files only), or the run failed.
     """
     urls = [i["url"] for i in inputs if "url" in i]
     if urls:
-        raise _Unusable(
+        raise Unusable(
             f"--estimate runs the job here on local --input files only, not {urls[0]}; "
             "estimate with a local sample (cx estimate) and give --cpu and --memory"
         )
@@ -393,7 +393,7 @@ def _estimate(
         )
     except (EstimateFailed, BadEstimateLabel, OutOfBounds, ImageError, RegistryError,
             ValueError, OSError) as exc:  # fmt: skip
-        raise _Unusable(f"--estimate: {exc}") from None
+        raise Unusable(f"--estimate: {exc}") from None
     rec = found.recommendation
     args.cpu, args.memory = rec.resources.cpu_milli, rec.resources.memory_bytes
     args.disk, args.timeout = rec.resources.disk_bytes, rec.wall_ms
@@ -418,27 +418,27 @@ def _credentials(
 def _input(item: str) -> dict[str, Any]:
     local, sep, dest = item.rpartition(":")
     if not sep or not local or not dest.startswith("/"):
-        raise _Unusable(f"--input {item!r}: use LOCAL_FILE:/path/in/job or URL:/path/in/job")
+        raise Unusable(f"--input {item!r}: use LOCAL_FILE:/path/in/job or URL:/path/in/job")
     if local.startswith(("http://", "https://")):
         # The node reads only its own S3 endpoint: pin a web URL here, on the user's machine.
         try:
             digest, size = trio.run(partial(hash_object, local, now=datetime.now(UTC)))
         except FetchError as exc:
-            raise _Unusable(f"--input {item!r}: {exc}") from None
+            raise Unusable(f"--input {item!r}: {exc}") from None
         return {"path": dest, "url": local, "digest": digest, "size": size}
     if "://" in local:
         return {"path": dest, "url": local}
     path = Path(local)
     if not path.is_file():
-        raise _Unusable(f"--input {item!r}: {local} is not a file")
+        raise Unusable(f"--input {item!r}: {local} is not a file")
     return {"path": dest, "file": str(path.resolve())}
 
 
-def _image(name: str, home: Path) -> str:
+def request_image(name: str, home: Path) -> str:
     """A digest or absolute path the node can use for ``name``.
 
     Raises:
-        _Unusable: ``name`` is none of a digest, a path, or an image in the node's store.
+        Unusable: ``name`` is none of a digest, a path, or an image in the node's store.
     """
     if _DIGEST.fullmatch(name) or looks_like_registry_ref(name):
         return name  # a registry image is checked with the request, and pulled by the provider
@@ -450,11 +450,11 @@ def _image(name: str, home: Path) -> str:
         try:
             return resolve_image(BlobStore(store), name)
         except ImageError as exc:
-            raise _Unusable(str(exc)) from None
+            raise Unusable(str(exc)) from None
         except OSError as exc:
-            raise _Unusable(f"cannot read the image store {store} ({exc}); give IMAGE as "
+            raise Unusable(f"cannot read the image store {store} ({exc}); give IMAGE as "
                             "sha256:... or a path") from None  # fmt: skip
-    raise _Unusable(
+    raise Unusable(
         f"{name!r} is not a digest, a path, or an image in {store}; import it with "
         "`cx image import` or give sha256:..."
     )
