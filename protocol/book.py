@@ -24,6 +24,7 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import TypeVar
 
+from protocol.elastic import ceiling
 from protocol.envelope import MessageId, Signed
 from protocol.errors import LocalProtocolError, Reason
 from protocol.messages import Bid, Offer, Prices, Resources, TrustLevel
@@ -120,7 +121,7 @@ CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
 
 def _budget(bid: Bid) -> int:
     """A bid's quote at its own price limits: the most it can pay."""
-    return quote(bid.max_prices, bid.resources, bid.job.wall_ms)
+    return quote(bid.max_prices, ceiling(bid.resources, bid.elastic), bid.job.wall_ms)
 
 
 def _fieldwise(pick: Callable[[int, int], int], a: _F | None, b: _F) -> _F:
@@ -334,7 +335,7 @@ class OrderBook:
             offer=offer.order,
             prices=prices,
             resources=need,
-            max_cost=quote(prices, need, bid.bid.job.wall_ms),
+            max_cost=quote(prices, ceiling(need, bid.bid.elastic), bid.bid.job.wall_ms),
         )
 
     # -- removing orders -------------------------------------------------------------

@@ -37,10 +37,12 @@ __all__ = [
     "Checkpoint",
     "Constraints",
     "DataRef",
+    "Elastic",
     "Enrolment",
     "Evidence",
     "ExitReason",
     "Gpu",
+    "Grant",
     "JobSecrets",
     "JobSpec",
     "JobState",
@@ -204,6 +206,27 @@ class Checkpoint:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Elastic:
+    """How far a running job may grow (spec/workloads.md, "Elastic jobs"): the provider
+    raises its memory limit as it nears it, up to ``memory_bytes``, and grants CPU the job
+    asks for, up to ``cpu_milli``, while capacity allows. 0: that resource stays as
+    reserved."""
+
+    memory_bytes: int = 0
+    cpu_milli: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grant:
+    """A running job's limits from ``at_ms`` (since it started) on: the metered record of an
+    elastic job's growth, in its receipt's usage."""
+
+    at_ms: int
+    cpu_milli: int
+    memory_bytes: int
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class JobSpec:
     """``image`` is an OCI image manifest digest; with ``registry`` (``HOST[:PORT]/REPO``)
     the provider pulls it from there, and it may name an index (resolved to the provider's
@@ -272,6 +295,7 @@ class Bid:
     preemptible: bool = False
     checkpoint: Checkpoint | None = None
     max_work_price: int | None = None  # micro-credits per work unit (protocol/work.py)
+    elastic: Elastic | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,6 +320,7 @@ class Terms:
     trust: TrustRequirement
     attestation_nonce: bytes
     created_ms: int
+    elastic: Elastic | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -392,6 +417,7 @@ class Usage:
     pids_peak: int = 0
     oom_kills: int = 0
     checkpoint_ms: int = 0  # wall time at the last checkpoint; 0 when none was taken
+    grants: tuple[Grant, ...] | None = None  # an elastic job's limits over time, in order
 
 
 LOG_PATHS = ("/dev/stdout", "/dev/stderr")

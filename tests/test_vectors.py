@@ -15,6 +15,7 @@ sys.path.insert(0, str(VECTORS))
 from tagged import from_json
 
 from protocol.book import OrderBook
+from protocol.elastic import cpu_grant, memory_step
 from protocol.encoding import decode, encode
 from protocol.envelope import MESSAGE_TYPES, open_signed, seal
 from protocol.errors import DecodeError, InvalidMessage
@@ -44,7 +45,7 @@ from protocol.pricing import (
 )
 from protocol.schema import from_value, to_value
 from protocol.secrets import encode_secrets, open_secrets
-from protocol.settlement import charge
+from protocol.settlement import charge, cost
 from protocol.tape import Tape, TradePrint
 from protocol.usage import Observation, classify
 from protocol.work import score_of, work_fits, work_per_kwh, work_price
@@ -252,6 +253,22 @@ def check_estimate(case):
     assert rec.resources == from_value(Resources, from_json(case["resources"]))
     assert rec.wall_ms == case["wall_ms"]
     assert rec.expected == from_value(Usage, from_json(case["expected"]))
+
+
+def check_elastic(case):
+    name = case["name"]
+    if name.startswith("memory: "):
+        step = memory_step(limit=case["limit"], used=case["used"], top=case["top"],
+                           free=case["free"])  # fmt: skip
+        assert (step.limit, step.exhausted) == (case["new_limit"], case["exhausted"])
+    elif name.startswith("cpu: "):
+        got = cpu_grant(asked=case["asked"], current=case["current"], top=case["top"],
+                        free=case["free"])  # fmt: skip
+        assert got == case["granted"]
+    else:
+        prices = from_value(Prices, from_json(case["prices"]))
+        reserved = from_value(Resources, from_json(case["reserved"]))
+        assert cost(prices, reserved, from_value(Usage, from_json(case["usage"]))) == case["cost"]
 
 
 def check_sealed_secrets(case):

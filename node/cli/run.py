@@ -74,6 +74,7 @@ examples:
   cx run --max-price 1 --input s3://data/run1/:/in --output-to s3://data/out/ \\
          registry.example:5000/team/app@sha256:0315... -- sh -c 'wc -l /in/* > /out/n'
   cx run --estimate --max-price 1 --input data.csv:/in/data.csv busybox -- sort /in/data.csv
+  cx run --memory 1G --elastic-memory 8G --elastic-cpu 16 --max-price 1 app -- ./train
 
 IMAGE is a manifest digest (sha256:...), a name or digest prefix from `cx image ls` in the
 node's store, the path of an OCI layout directory or archive, which the node imports, or a
@@ -133,6 +134,21 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "--disk", type=size_bytes, help="scratch disk (the job's /tmp), e.g. 1G; default 0"
     )
     need.add_argument("--gpus", type=int, default=0, help="number of GPUs; default 0")
+    need.add_argument(
+        "--elastic-memory",
+        type=size_bytes,
+        default=0,
+        metavar="CEILING",
+        help="let the provider raise the memory limit while it runs, up to CEILING (e.g. 4G)",
+    )
+    need.add_argument(
+        "--elastic-cpu",
+        type=cpu,
+        default=0,
+        metavar="CEILING",
+        help="let the job ask for more CPU while it runs (writing `cpu N` to /cx/request), "
+        "up to CEILING cores",
+    )
     need.add_argument(
         "--timeout",
         type=duration_ms,
@@ -331,6 +347,8 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "memory_bytes": args.memory,
         "disk_bytes": args.disk,
         "gpus": args.gpus,
+        "elastic_memory_bytes": args.elastic_memory,
+        "elastic_cpu_milli": args.elastic_cpu,
         "wall_ms": args.timeout,
         "max_prices": {
             "cpu_core_hour": args.max_price,

@@ -17,6 +17,11 @@ Rules:
   else a small container tmpfs. tmpfs pages are charged to the job's memory cgroup, so no
   write escapes the memory limit either. Every path is absolute (a relative home is
   resolved first).
+- Elastic jobs (``elastic``): a small tmpfs ``elastic`` is the container's /cx (its request
+  file); while the job runs, node/exec/elastic.py raises its memory limit and CPU quota in
+  place within its ceilings and this executor's free capacity, which the growth takes
+  until the job ends; the grants are in ``usage.grants``. A job with a checkpoint contract
+  that needs memory the provider has not got is stopped as preempted.
 - Wall clock: from the moment the runtime has started the job until init exits. At
   ``wall_ms`` the job is killed (timeout).
   On preemption the declared signal goes to the job's init, then after ``grace_ms`` SIGKILL;
@@ -59,6 +64,8 @@ import trio
 
 from node.exec import mounts
 from node.exec.cgroups import CgroupMode, Counters, detect_hierarchies, read_counters
+from node.exec.elastic import IN_CONTAINER as ELASTIC_DIR
+from node.exec.elastic import ElasticWatch
 from node.exec.gpu import GpuDevice, wire_gpus
 from node.exec.janitor import Janitor
 from node.exec.jobsdir import JobsDir
@@ -67,13 +74,16 @@ from node.exec.runtime import Runtime, RuntimeFault, choose_runtime
 from node.exec.scratch import make_scratch, remove_image, used_bytes
 from node.storage.image import ID_MAP_BASE, RootfsCache, image_config
 from node.storage.store import BlobStore
+from protocol.elastic import check_elastic
 from protocol.limits import check_limits, check_pids_limit
 from protocol.messages import (
     LOG_CAP_BYTES,
     LOG_PATHS,
     Checkpoint,
     DataRef,
+    Elastic,
     ExitReason,
+    Grant,
     JobSpec,
     Resources,
     Usage,
@@ -139,6 +149,8 @@ class _Gathered:
 @dataclass(slots=True)
 class _Running:
     stop: trio.Event = field(default_factory=trio.Event)
+    extra: Resources = field(default_factory=lambda: Resources(cpu_milli=0, memory_bytes=0))
+    grants: list[Grant] = field(default_factory=list)
 
 
 def _block_device(path: Path) -> tuple[int, int] | None:
@@ -254,8 +266,10 @@ class Executor:
         job_id: str | None = None,
         checkpoint: Checkpoint | None = None,
         progress: Callable[[str], None] | None = None,
+        elastic: Elastic | None = None,
     ) -> JobResult:
-        """Run ``spec`` within ``resources``; return what happened.
+        """Run ``spec`` within ``resources`` (growing within ``elastic``); return what
+        happened.
 
         Raises:
             InvalidMessage: a limit is out of bounds (protocol.limits; nothing ran).
@@ -263,6 +277,7 @@ class Executor:
             ValueError: ``job_id`` is not a plain name, or that job is running.
         """
         check_limits(spec, resources, checkpoint)
+        check_elastic(resources, elastic)
         job_id = job_id or os.urandom(8).hex()
         if not _JOB_ID.fullmatch(job_id):
             raise ValueError(f"job id {job_id!r}: letters, digits, - and _ only, at most 64")
@@ -277,11 +292,13 @@ class Executor:
         self._in_use = self._in_use.plus(resources)
         running = self._running[job_id] = _Running()
         try:
-            return await self._run(job_id, spec, resources, checkpoint, gpus, running, progress)
+            return await self._run(
+                job_id, spec, resources, checkpoint, gpus, running, progress, elastic
+            )
         finally:
             del self._running[job_id]
             self._scratch_base.pop(job_id, None)
-            self._in_use = self._in_use.minus(resources)
+            self._in_use = self._in_use.minus(resources.plus(running.extra))
             self._free_gpus.extend(gpus)
 
     async def _run(
@@ -293,6 +310,7 @@ class Executor:
         gpus: list[GpuDevice],
         running: _Running,
         progress: Callable[[str], None] | None,
+        elastic: Elastic | None = None,
     ) -> JobResult:
         say = progress or (lambda _msg: None)
         cid = f"cx-{job_id}"
@@ -303,7 +321,9 @@ class Executor:
             if job.exists():  # the same id ran before and is still being cleaned up
                 await self.settled()
             job.mkdir(mode=0o711)
-            bundle = await self._prepare(job, job_id, spec, resources, checkpoint, gpus, say)
+            bundle = await self._prepare(
+                job, job_id, spec, resources, checkpoint, gpus, say, elastic is not None
+            )
             say("starting container")
             started = True
             out, err = (job / name / "log" for name in _LOGS)
@@ -321,16 +341,24 @@ class Executor:
             pidfd = os.pidfd_open(pid)  # init is our child (subreaper): a zombie at worst
             try:
                 say(f"running (pid {pid})")
-                timed_out, preempted, status = await self._wait(
-                    pid, pidfd, spec.wall_ms, checkpoint, running
-                )
+                async with trio.open_nursery() as nursery:
+                    if elastic is not None:
+                        watch = self._watch(job_id, job, resources, elastic, checkpoint, running)
+                        nursery.start_soon(watch.run)
+                    timed_out, preempted, status = await self._wait(
+                        pid, pidfd, spec.wall_ms, checkpoint, running
+                    )
+                    nursery.cancel_scope.cancel()
             finally:
                 os.close(pidfd)
             wall_ms = int((time.monotonic() - t_start) * 1000)
             say("collecting outputs")
-            return await self._collect(
+            result = await self._collect(
                 job_id, job, spec, checkpoint, status, wall_ms, timed_out, preempted
             )
+            if not running.grants:
+                return result
+            return replace(result, usage=replace(result.usage, grants=tuple(running.grants)))
         except Exception as exc:  # per-job top: a provider fault, never the buyer's job
             log.exception("job %s: provider fault", job_id)
             wall = int((time.monotonic() - t_start) * 1000) if t_start is not None else 0
@@ -345,6 +373,36 @@ class Executor:
             self._janitor.submit(
                 job_id, functools.partial(self._clean_up, job_id, cid if started else None, job)
             )
+
+    def _watch(
+        self,
+        job_id: str,
+        job: Path,
+        resources: Resources,
+        elastic: Elastic,
+        checkpoint: Checkpoint | None,
+        running: _Running,
+    ) -> ElasticWatch:
+        def take(more: Resources) -> None:
+            self._in_use = self._in_use.plus(more)
+            running.extra = running.extra.plus(more)
+
+        def exhausted() -> None:
+            if checkpoint is not None:  # it resumes where there is room (the buyer bids again)
+                log.info("job %s: needs memory this provider has not got: preempting", job_id)
+                running.stop.set()
+
+        return ElasticWatch(
+            cgroup=self.cgroups.job(_cgroup_path(job_id)),
+            area=job / "elastic",
+            resources=resources,
+            elastic=elastic,
+            swap_accounting=self.swap_accounting,
+            free=lambda: self.free,
+            take=take,
+            exhausted=exhausted,
+            grants=running.grants,
+        )
 
     def _clean_up(self, job_id: str, cid: str | None, job: Path | None) -> None:
         """Whatever the runtime did or failed to do, leave no container ``cid``, cgroup,
@@ -375,6 +433,7 @@ class Executor:
         checkpoint: Checkpoint | None,
         gpus: list[GpuDevice],
         say: Callable[[str], None],
+        elastic: bool = False,
     ) -> Path:
         async with self._unpacking:
             lower = self.rootfs.path(spec.image)
@@ -418,6 +477,10 @@ class Executor:
                 )
             )
             binds.append(Bind(source=str(job / "scratch"), destination="/tmp", readonly=False))  # noqa: S108
+        if elastic:  # the job's request file and the answer
+            (job / "elastic").mkdir()
+            mounts.mount_tmpfs(job / "elastic", size_bytes=_PAGE * 4, uid=uid, gid=gid)
+            binds.append(Bind(source=str(job / "elastic"), destination=ELASTIC_DIR, readonly=False))
         for ref in spec.inputs:
             await trio.to_thread.run_sync(self.store.verify, ref.digest)
             binds.append(Bind(source=str(self.store.path(ref.digest)), destination=ref.path))
@@ -688,6 +751,6 @@ def _cgroup_path(job_id: str) -> str:
 
 
 def _teardown_dir(job: Path) -> None:
-    for sub in ("root", "out", *_LOGS, "ckpt", "scratch"):
+    for sub in ("root", "out", *_LOGS, "ckpt", "scratch", "elastic"):
         mounts.unmount(job / sub)
     shutil.rmtree(job, ignore_errors=True)

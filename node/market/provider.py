@@ -53,6 +53,7 @@ from protocol.messages import (
     Accept,
     Checkpoint,
     DataRef,
+    Elastic,
     ExitReason,
     JobSpec,
     JobState,
@@ -90,6 +91,7 @@ class Runner(Protocol):
         *,
         job_id: str,
         checkpoint: Checkpoint | None,
+        elastic: Elastic | None = None,
     ) -> JobResult: ...
 
     def preempt(self, job_id: str) -> bool: ...
@@ -363,7 +365,11 @@ class Provider:
         try:
             with self.market.store.holding(job_blobs(self.market.store, job, resume)):
                 result = await self.executor.run_job(
-                    job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
+                    job,
+                    terms.resources,
+                    job_id=running.job_id,
+                    checkpoint=terms.checkpoint,
+                    elastic=terms.elastic,
                 )
         except CapacityExceeded as exc:
             self._fault(agreement, str(exc))
