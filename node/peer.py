@@ -35,6 +35,7 @@ import trio
 
 from node.clock import Clock, Entropy, Timings, system_entropy
 from node.exec.executor import Executor, ExecutorConfig
+from node.exec.gpu import provider_gpus
 from node.market.buyer import FINAL_STATES, WAITING_STATES, Buyer
 from node.market.gossip import Market
 from node.market.provider import Provider, Runner
@@ -369,16 +370,19 @@ async def serve_peer(
                     attestation.serve_enrolment(
                         net, attestor, key, clock=market.now_ms, entropy=entropy
                     )
+                devices = await provider_gpus(config.provider.gpu_shares)
+                offering = config.provider.with_gpus(tuple(d.advertised() for d in devices))
                 runner = executor or Executor(
                     ExecutorConfig(
                         store_root=home.store_root,
                         work_root=home.work_root,
-                        capacity=config.provider.capacity,
+                        capacity=offering.capacity,
+                        gpus=devices,
                     )
                 )
                 if isinstance(runner, Executor):
                     stack.callback(runner.close)  # its cleanups and helper process
-                provider = Provider(market, key, runner, config.provider, attestor, s3=config.s3)
+                provider = Provider(market, key, runner, offering, attestor, s3=config.s3)
                 await nursery.start(provider.run)
             for addr in config.bootstrap:
                 try:

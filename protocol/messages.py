@@ -418,6 +418,7 @@ class Usage:
     oom_kills: int = 0
     checkpoint_ms: int = 0  # wall time at the last checkpoint; 0 when none was taken
     grants: tuple[Grant, ...] | None = None  # an elastic job's limits over time, in order
+    gpu_memory_peak_bytes: int | None = None  # a GPU job's: the most its processes held
 
 
 LOG_PATHS = ("/dev/stdout", "/dev/stderr")

@@ -39,6 +39,7 @@ __all__ = [
     "raise_memory_limit",
     "read_counters",
     "read_memory_held",
+    "read_pids",
     "set_cpu_limit",
 ]
 
@@ -281,3 +282,9 @@ def set_cpu_limit(cg: JobCgroup, cpu_milli: int, period_us: int = 100_000) -> No
         _write(cg.file("cpu", "cpu.max"), f"{quota} {period_us}")
         return
     _write(cg.file("cpu", "cpu.cfs_quota_us"), str(quota))
+
+
+def read_pids(cg: JobCgroup) -> set[int]:
+    """The processes in the job's cgroup, as this (the host's) pid namespace numbers them."""
+    text = _read(cg.file("pids", "cgroup.procs"))
+    return {int(p) for p in text.split() if p.isdigit()}

@@ -63,10 +63,16 @@ from typing import Any
 import trio
 
 from node.exec import mounts
-from node.exec.cgroups import CgroupMode, Counters, detect_hierarchies, read_counters
+from node.exec.cgroups import (
+    CgroupMode,
+    Counters,
+    detect_hierarchies,
+    read_counters,
+    read_pids,
+)
 from node.exec.elastic import IN_CONTAINER as ELASTIC_DIR
 from node.exec.elastic import ElasticWatch
-from node.exec.gpu import GpuDevice, wire_gpus
+from node.exec.gpu import GPU_SAMPLE_S, GpuDevice, gpu_memory_used, wire_gpus
 from node.exec.janitor import Janitor
 from node.exec.jobsdir import JobsDir
 from node.exec.ocispec import Bind, JobConfig, build_config
@@ -151,6 +157,7 @@ class _Running:
     stop: trio.Event = field(default_factory=trio.Event)
     extra: Resources = field(default_factory=lambda: Resources(cpu_milli=0, memory_bytes=0))
     grants: list[Grant] = field(default_factory=list)
+    gpu_memory_peak: int | None = None  # sampled while a GPU job runs
 
 
 def _block_device(path: Path) -> tuple[int, int] | None:
@@ -345,6 +352,8 @@ class Executor:
                     if elastic is not None:
                         watch = self._watch(job_id, job, resources, elastic, checkpoint, running)
                         nursery.start_soon(watch.run)
+                    if gpus:
+                        nursery.start_soon(self._meter_gpus, job_id, running)
                     timed_out, preempted, status = await self._wait(
                         pid, pidfd, spec.wall_ms, checkpoint, running
                     )
@@ -356,9 +365,12 @@ class Executor:
             result = await self._collect(
                 job_id, job, spec, checkpoint, status, wall_ms, timed_out, preempted
             )
-            if not running.grants:
-                return result
-            return replace(result, usage=replace(result.usage, grants=tuple(running.grants)))
+            usage = replace(
+                result.usage,
+                grants=tuple(running.grants) or None,
+                gpu_memory_peak_bytes=running.gpu_memory_peak,
+            )
+            return replace(result, usage=usage)
         except Exception as exc:  # per-job top: a provider fault, never the buyer's job
             log.exception("job %s: provider fault", job_id)
             wall = int((time.monotonic() - t_start) * 1000) if t_start is not None else 0
@@ -373,6 +385,15 @@ class Executor:
             self._janitor.submit(
                 job_id, functools.partial(self._clean_up, job_id, cid if started else None, job)
             )
+
+    async def _meter_gpus(self, job_id: str, running: _Running) -> None:
+        """Keep the peak GPU memory of the job's processes until cancelled."""
+        cg = self.cgroups.job(_cgroup_path(job_id))
+        running.gpu_memory_peak = 0
+        while True:
+            used = await gpu_memory_used(read_pids(cg))
+            running.gpu_memory_peak = max(running.gpu_memory_peak, used)
+            await trio.sleep(GPU_SAMPLE_S)  # a sampling period, not a synchronisation
 
     def _watch(
         self,

@@ -166,6 +166,7 @@ class Provider:
             capacity=c.capacity,
             prices=self._prices,
             arch=c.arch,
+            gpus=c.gpus,
             region=c.region,
             trust=trust,
             seal_key=self.seal.public,
