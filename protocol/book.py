@@ -27,6 +27,7 @@ from typing import TypeVar
 from protocol.elastic import ceiling
 from protocol.envelope import MessageId, Signed
 from protocol.errors import LocalProtocolError, Reason
+from protocol.hardware import hardware_fits
 from protocol.messages import Bid, Offer, Prices, Resources, TrustLevel
 from protocol.offer_index import OfferIndex
 from protocol.settlement import quote, quote_by_cpu_price
@@ -105,6 +106,7 @@ CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
         lambda b, o, r: r.get(o.order.signer.raw, 0) >= b.constraints.min_reputation,
     ),
     ("gpu-model", lambda b, o, r: _gpu_models_fit(b, o.offer)),
+    ("hardware", lambda b, o, r: hardware_fits(b.constraints.hardware, o.offer.hardware)),
     ("network", lambda b, o, r: o.offer.network or not b.job.network),
     ("wall-time", lambda b, o, r: b.job.wall_ms <= o.offer.max_wall_ms),
     ("capacity", lambda b, o, r: b.resources.fits_in(o.remaining)),

@@ -43,6 +43,8 @@ __all__ = [
     "ExitReason",
     "Gpu",
     "Grant",
+    "Hardware",
+    "HardwareRequirement",
     "JobSecrets",
     "JobSpec",
     "JobState",
@@ -162,6 +164,27 @@ class TrustRequirement:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """What an offer states of its machine: the CPU model (``/proc/cpuinfo``'s model
+    name), its feature flags (sorted, as cpuinfo spells them: ``avx512f``) and the kernel
+    release (``6.1.0-18-amd64``)."""
+
+    cpu_model: str
+    cpu_flags: tuple[str, ...]
+    kernel: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareRequirement:
+    """What a bid needs of the machine (spec/workloads.md, "Hardware"): a CPU model that
+    contains ``cpu_model``, every flag of ``cpu_flags``, a kernel at least ``min_kernel``."""
+
+    cpu_model: str | None = None
+    cpu_flags: tuple[str, ...] | None = None
+    min_kernel: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Constraints:
     arch: Arch | None = None
     regions: tuple[str, ...] = ()
@@ -169,6 +192,7 @@ class Constraints:
     min_reputation: int = 0  # on the matching node's own reputation scale
     trust: TrustRequirement = field(default_factory=TrustRequirement)
     provider: bytes | None = None  # only this provider's offers (its 32-byte key)
+    hardware: HardwareRequirement | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -278,6 +302,7 @@ class Offer:
     seal_key: bytes | None = None  # X25519 public key buyers seal a job's secrets to
     work_score: int | None = None  # work units per core-hour (protocol/work.py)
     watts: int | None = None  # drawn at full load, for work per kWh
+    hardware: Hardware | None = None
 
     def __post_init__(self) -> None:
         if self.capacity.gpus != len(self.gpus):

@@ -203,6 +203,16 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     where.add_argument(
         "--region", action="append", default=[], help="acceptable region (repeatable)"
     )
+    where.add_argument("--cpu-model", metavar="TEXT", help="a CPU model containing TEXT, e.g. EPYC")
+    where.add_argument(
+        "--cpu-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a CPU feature flag the machine must have, as /proc/cpuinfo spells it, e.g. "
+        "avx512f (repeatable)",
+    )
+    where.add_argument("--min-kernel", metavar="VERSION", help="the least kernel release, e.g. 6.1")
     where.add_argument(
         "--trust",
         choices=("none", "tpm", "sev-snp"),
@@ -360,6 +370,9 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "regions": args.region,
         "trust": args.trust,
         "min_reputation": args.min_reputation,
+        "cpu_model": args.cpu_model,
+        "cpu_flags": args.cpu_flag,
+        "min_kernel": args.min_kernel,
         "inputs": inputs,
         "preemptible": args.preemptible,
         "checkpoint_path": args.checkpoint_path,

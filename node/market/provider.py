@@ -167,6 +167,7 @@ class Provider:
             prices=self._prices,
             arch=c.arch,
             gpus=c.gpus,
+            hardware=c.hardware,
             region=c.region,
             trust=trust,
             seal_key=self.seal.public,

@@ -41,6 +41,7 @@ from protocol.messages import (
     Checkpoint,
     Constraints,
     DataRef,
+    HardwareRequirement,
     JobSpec,
     Prices,
     Resources,
@@ -262,6 +263,11 @@ class JobRequest(_Frozen):
     # Elastic ceilings (spec/workloads.md "Elastic jobs"); 0: that resource stays as reserved.
     elastic_memory_bytes: Count = 0
     elastic_cpu_milli: Count = 0
+    # Hardware the machine must have (spec/workloads.md "Hardware"): model text, flags,
+    # the least kernel release.
+    cpu_model: Text | None = None
+    cpu_flags: tuple[Annotated[Text, Field(pattern=r"^[a-z0-9_.]+$")], ...] = ()
+    min_kernel: Annotated[Text, Field(pattern=r"^[0-9]+(\.[0-9]+)*$")] | None = None
     arch: Arch | None = None
     regions: tuple[Text, ...] = ()
     trust: TrustLevel = TrustLevel.NONE
@@ -402,6 +408,16 @@ def _stored(item: Input, store: BlobStore) -> Input:
     return Input(path=item.path, digest=digest, size=store.size(digest))
 
 
+def _hardware(request: JobRequest) -> HardwareRequirement | None:
+    if request.cpu_model is None and not request.cpu_flags and request.min_kernel is None:
+        return None
+    return HardwareRequirement(
+        cpu_model=request.cpu_model,
+        cpu_flags=tuple(sorted(set(request.cpu_flags))) or None,
+        min_kernel=request.min_kernel,
+    )
+
+
 def bid_from_request(request: JobRequest) -> Bid:
     """The bid for a resolved request (every input a blob).
 
@@ -450,6 +466,7 @@ def bid_from_request(request: JobRequest) -> Bid:
                 if request.provider is None
                 else PublicKey.from_peer_id(request.provider).raw,
                 min_reputation=request.min_reputation,
+                hardware=_hardware(request),
             ),
             preemptible=request.preemptible,
             max_work_price=request.max_work_price,

@@ -29,7 +29,7 @@ from typing import Any
 
 from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
-from protocol.messages import Arch, Gpu, Prices, Resources, TrustLevel
+from protocol.messages import Arch, Gpu, Hardware, Prices, Resources, TrustLevel
 from protocol.pricing import (
     MARKET_WINDOW_MS,
     NO_CEILING,
@@ -103,6 +103,7 @@ class ProviderConfig:
     # offers each as N time-sliced shares (1: whole GPUs). ``gpus`` is what was detected.
     gpu_shares: int = 0
     gpus: tuple[Gpu, ...] = ()
+    hardware: Hardware | None = None  # detected at start: CPU model, flags, kernel
 
     def with_gpus(self, gpus: tuple[Gpu, ...]) -> ProviderConfig:
         """This config offering ``gpus`` (what detection found, as shares)."""
