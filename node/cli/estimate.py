@@ -25,7 +25,7 @@ import trio
 from node.api.client import ApiClient, ClientError
 from node.api.common import ApiError
 from node.cli.common import add_common, cpu, credits, duration_ms, size_bytes
-from node.cli.exec import local_image, progress_printer, run_locally
+from node.cli.exec import local_image, parse_input, progress_printer, run_locally
 from node.exec.executor import CapacityExceeded, JobResult
 from node.storage.image import ImageError, image_config
 from node.storage.registry import RegistryError
@@ -153,20 +153,6 @@ def _run(args: argparse.Namespace) -> int:
     else:
         print(render(estimate, market))
     return 0
-
-
-def parse_input(item: str) -> tuple[Path, str]:
-    """``FILE:/PATH`` as (file, container path).
-
-    Raises:
-        ValueError: not that form, or FILE is not a file.
-    """
-    src, sep, dest = item.rpartition(":")
-    if not sep or not src or not dest.startswith("/"):
-        raise ValueError(f"--input {item!r}: use FILE:/container/path")
-    if not Path(src).is_file():
-        raise ValueError(f"--input {item!r}: {src} is not a file")
-    return Path(src), dest
 
 
 async def measure(

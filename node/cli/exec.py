@@ -34,7 +34,7 @@ from node.storage.store import BlobStore
 from protocol.limits import OutOfBounds, check_limits, check_pids_limit
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
 
-__all__ = ["local_image", "progress_printer", "register", "run_locally"]
+__all__ = ["local_image", "parse_input", "progress_printer", "register", "run_locally"]
 
 EXIT_INPUT = 2
 EXIT_FAULT = 3
@@ -217,15 +217,27 @@ async def run_locally(
     return executor, result
 
 
+def parse_input(item: str) -> tuple[Path, str]:
+    """``FILE:/PATH`` as (file, container path).
+
+    Raises:
+        ValueError: not that form, or FILE is not a file.
+    """
+    src, sep, dest = item.rpartition(":")
+    if not sep or not src or not dest.startswith("/"):
+        raise ValueError(f"--input {item!r}: use FILE:/container/path")
+    if not Path(src).is_file():
+        raise ValueError(f"--input {item!r}: {src} is not a file")
+    return Path(src), dest
+
+
 def _job(
     args: argparse.Namespace, store: BlobStore, command: tuple[str, ...], image: str
 ) -> JobSpec:
     """The job the flags describe; its inputs are stored."""
     inputs = []
     for item in args.input:
-        src, sep, dest = item.rpartition(":")
-        if not sep or not dest.startswith("/"):
-            raise ValueError(f"--input {item!r}: use FILE:/container/path")
+        src, dest = parse_input(item)
         digest = store.put_file(src)
         inputs.append(DataRef(digest=digest, path=dest, size=store.size(digest)))
     return JobSpec(
