@@ -11,7 +11,7 @@ cd "$(dirname "$0")"
 # and for the tests a real OCI registry, skopeo to push to it, htpasswd for its logins).
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config libgmp-dev libtss2-dev git
               crun runc umoci busybox-static swtpm swtpm-tools tpm2-tools libc6-dev podman
-              docker-registry skopeo apache2-utils)
+              docker-registry skopeo apache2-utils e2fsprogs)
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do
