@@ -12,7 +12,8 @@ cd "$(dirname "$0")"
 # Prometheus to scrape a node, headless Chromium and its driver to look at the dashboard).
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config libgmp-dev libtss2-dev git
               crun runc umoci busybox-static swtpm swtpm-tools tpm2-tools libc6-dev podman
-              docker-registry skopeo apache2-utils prometheus chromium chromium-driver)
+              docker-registry skopeo apache2-utils prometheus chromium chromium-driver
+              e2fsprogs)
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do

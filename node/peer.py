@@ -26,7 +26,7 @@ import contextlib
 import logging
 import shutil
 from collections.abc import AsyncIterator
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from datetime import UTC, datetime
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -35,6 +35,8 @@ import trio
 
 from node.clock import Clock, Entropy, Timings, system_entropy
 from node.exec.executor import Executor, ExecutorConfig
+from node.exec.gpu import provider_gpus
+from node.exec.machine import detect_hardware
 from node.market.buyer import FINAL_STATES, WAITING_STATES, Buyer
 from node.market.gossip import Market
 from node.market.provider import Provider, Runner
@@ -369,16 +371,22 @@ async def serve_peer(
                     attestation.serve_enrolment(
                         net, attestor, key, clock=market.now_ms, entropy=entropy
                     )
+                devices = await provider_gpus(config.provider.gpu_shares)
+                offering = replace(
+                    config.provider.with_gpus(tuple(d.advertised() for d in devices)),
+                    hardware=detect_hardware(),
+                )
                 runner = executor or Executor(
                     ExecutorConfig(
                         store_root=home.store_root,
                         work_root=home.work_root,
-                        capacity=config.provider.capacity,
+                        capacity=offering.capacity,
+                        gpus=devices,
                     )
                 )
                 if isinstance(runner, Executor):
                     stack.callback(runner.close)  # its cleanups and helper process
-                provider = Provider(market, key, runner, config.provider, attestor, s3=config.s3)
+                provider = Provider(market, key, runner, offering, attestor, s3=config.s3)
                 await nursery.start(provider.run)
             for addr in config.bootstrap:
                 try:

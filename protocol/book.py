@@ -24,8 +24,10 @@ from dataclasses import dataclass, field, fields, replace
 from types import MappingProxyType
 from typing import TypeVar
 
+from protocol.elastic import ceiling
 from protocol.envelope import MessageId, Signed
 from protocol.errors import LocalProtocolError, Reason
+from protocol.hardware import hardware_fits
 from protocol.messages import Bid, Offer, Prices, Resources, TrustLevel
 from protocol.offer_index import OfferIndex
 from protocol.settlement import quote, quote_by_cpu_price
@@ -104,6 +106,7 @@ CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
         lambda b, o, r: r.get(o.order.signer.raw, 0) >= b.constraints.min_reputation,
     ),
     ("gpu-model", lambda b, o, r: _gpu_models_fit(b, o.offer)),
+    ("hardware", lambda b, o, r: hardware_fits(b.constraints.hardware, o.offer.hardware)),
     ("network", lambda b, o, r: o.offer.network or not b.job.network),
     ("wall-time", lambda b, o, r: b.job.wall_ms <= o.offer.max_wall_ms),
     ("capacity", lambda b, o, r: b.resources.fits_in(o.remaining)),
@@ -120,7 +123,7 @@ CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
 
 def _budget(bid: Bid) -> int:
     """A bid's quote at its own price limits: the most it can pay."""
-    return quote(bid.max_prices, bid.resources, bid.job.wall_ms)
+    return quote(bid.max_prices, ceiling(bid.resources, bid.elastic), bid.job.wall_ms)
 
 
 def _fieldwise(pick: Callable[[int, int], int], a: _F | None, b: _F) -> _F:
@@ -334,7 +337,7 @@ class OrderBook:
             offer=offer.order,
             prices=prices,
             resources=need,
-            max_cost=quote(prices, need, bid.bid.job.wall_ms),
+            max_cost=quote(prices, ceiling(need, bid.bid.elastic), bid.bid.job.wall_ms),
         )
 
     # -- removing orders -------------------------------------------------------------

@@ -59,7 +59,7 @@ LIMITS = MappingProxyType(
         # The runtime's init and the job's log pages are charged to the job: 0 or 1 byte
         # made the runtime itself fail (a provider fault for a buyer's mistake).
         "resources.memory_bytes": Bounds(minimum=4 * MIB, maximum=_HUGE_BYTES, unit="bytes"),
-        # Scratch /tmp; 0 asks for the provider's default size.
+        # The scratch disk (the job's /tmp); 0: none, /tmp is the provider's small tmpfs.
         "resources.disk_bytes": Bounds(minimum=0, maximum=_HUGE_BYTES, unit="bytes"),
         "resources.gpus": Bounds(minimum=0, maximum=256, unit="GPUs"),
         "job.wall_ms": Bounds(minimum=1, maximum=30 * 24 * 3_600_000, unit="ms"),

@@ -37,10 +37,14 @@ __all__ = [
     "Checkpoint",
     "Constraints",
     "DataRef",
+    "Elastic",
     "Enrolment",
     "Evidence",
     "ExitReason",
     "Gpu",
+    "Grant",
+    "Hardware",
+    "HardwareRequirement",
     "JobSecrets",
     "JobSpec",
     "JobState",
@@ -160,6 +164,27 @@ class TrustRequirement:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class Hardware:
+    """What an offer states of its machine: the CPU model (``/proc/cpuinfo``'s model
+    name), its feature flags (sorted, as cpuinfo spells them: ``avx512f``) and the kernel
+    release (``6.1.0-18-amd64``)."""
+
+    cpu_model: str
+    cpu_flags: tuple[str, ...]
+    kernel: str
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class HardwareRequirement:
+    """What a bid needs of the machine (spec/workloads.md, "Hardware"): a CPU model that
+    contains ``cpu_model``, every flag of ``cpu_flags``, a kernel at least ``min_kernel``."""
+
+    cpu_model: str | None = None
+    cpu_flags: tuple[str, ...] | None = None
+    min_kernel: str | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Constraints:
     arch: Arch | None = None
     regions: tuple[str, ...] = ()
@@ -167,6 +192,7 @@ class Constraints:
     min_reputation: int = 0  # on the matching node's own reputation scale
     trust: TrustRequirement = field(default_factory=TrustRequirement)
     provider: bytes | None = None  # only this provider's offers (its 32-byte key)
+    hardware: HardwareRequirement | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -201,6 +227,27 @@ class Checkpoint:
     def __post_init__(self) -> None:
         if self.resume_from is not None:
             check_digest(self.resume_from, "checkpoint digest")
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Elastic:
+    """How far a running job may grow (spec/workloads.md, "Elastic jobs"): the provider
+    raises its memory limit as it nears it, up to ``memory_bytes``, and grants CPU the job
+    asks for, up to ``cpu_milli``, while capacity allows. 0: that resource stays as
+    reserved."""
+
+    memory_bytes: int = 0
+    cpu_milli: int = 0
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Grant:
+    """A running job's limits from ``at_ms`` (since it started) on: the metered record of an
+    elastic job's growth, in its receipt's usage."""
+
+    at_ms: int
+    cpu_milli: int
+    memory_bytes: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -255,6 +302,7 @@ class Offer:
     seal_key: bytes | None = None  # X25519 public key buyers seal a job's secrets to
     work_score: int | None = None  # work units per core-hour (protocol/work.py)
     watts: int | None = None  # drawn at full load, for work per kWh
+    hardware: Hardware | None = None
 
     def __post_init__(self) -> None:
         if self.capacity.gpus != len(self.gpus):
@@ -272,6 +320,7 @@ class Bid:
     preemptible: bool = False
     checkpoint: Checkpoint | None = None
     max_work_price: int | None = None  # micro-credits per work unit (protocol/work.py)
+    elastic: Elastic | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -296,6 +345,7 @@ class Terms:
     trust: TrustRequirement
     attestation_nonce: bytes
     created_ms: int
+    elastic: Elastic | None = None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -392,6 +442,8 @@ class Usage:
     pids_peak: int = 0
     oom_kills: int = 0
     checkpoint_ms: int = 0  # wall time at the last checkpoint; 0 when none was taken
+    grants: tuple[Grant, ...] | None = None  # an elastic job's limits over time, in order
+    gpu_memory_peak_bytes: int | None = None  # a GPU job's: the most its processes held
 
 
 LOG_PATHS = ("/dev/stdout", "/dev/stderr")

@@ -122,6 +122,7 @@ def terms_from_match(match: Match, *, attestation_nonce: bytes, created_ms: int)
         trust=bid.constraints.trust,
         attestation_nonce=attestation_nonce,
         created_ms=created_ms,
+        elastic=bid.elastic,
     )
 
 

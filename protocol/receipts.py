@@ -14,6 +14,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass
 
+from protocol.elastic import check_grants
 from protocol.encoding import decode, encode
 from protocol.envelope import Signed, open_signed
 from protocol.errors import InvalidMessage, Reason
@@ -44,6 +45,8 @@ def check_receipt(receipt: Signed[UsageReceipt], agreement: Agreement) -> None:
         raise InvalidMessage(Reason.WRONG_PARTY, "receipt not signed by the agreement's provider")
     if receipt.payload.agreement_id != agreement.id:
         raise InvalidMessage(Reason.TERMS_MISMATCH, "receipt is for another agreement")
+    terms = agreement.terms
+    check_grants(terms.resources, terms.elastic, receipt.payload.usage)
     expected = agreed_charge(agreement, receipt.payload.usage, receipt.payload.exit_reason)
     if receipt.payload.cost != expected:
         raise InvalidMessage(

@@ -3,7 +3,9 @@
 Rules:
 - All money is integer micro-credits. Cost is one exact rational sum floored once:
   CPU time used at the CPU price per core-hour, plus reserved memory, disk and GPUs for the
-  wall time at their hourly prices (memory and disk per GiB).
+  wall time at their hourly prices (memory and disk per GiB). An elastic job's memory is
+  the limit in force over time: the reservation until its first grant, then each grant's
+  until the next (``usage.grants``, protocol/elastic.py).
 - A quote is the worst case: every reserved core busy for the whole wall-time limit.
 - The amount charged for a receipt depends on why the job ended: a provider fault costs
   nothing; preemption costs the usage up to the last checkpoint (nothing without one); any
@@ -22,7 +24,15 @@ from dataclasses import dataclass, field, replace
 from protocol.errors import LocalProtocolError, Reason
 from protocol.messages import ExitReason, Prices, Resources, Usage
 
-__all__ = ["Ledger", "LedgerEntry", "charge", "cost", "quote", "quote_by_cpu_price"]
+__all__ = [
+    "Ledger",
+    "LedgerEntry",
+    "charge",
+    "cost",
+    "memory_byte_us",
+    "quote",
+    "quote_by_cpu_price",
+]
 
 _GIB = 1 << 30
 _US_PER_HOUR = 3_600_000_000
@@ -33,7 +43,24 @@ _DENOMINATOR = _GIB * _US_PER_HOUR
 
 def cost(prices: Prices, reserved: Resources, usage: Usage) -> int:
     """Cost of ``usage`` of ``reserved`` resources at ``prices``, floored once."""
-    return _cost(prices, reserved, usage.wall_ms, usage.cpu_us)
+    if not usage.grants:
+        return _cost(prices, reserved, usage.wall_ms, usage.cpu_us)
+    # An elastic job: its memory is the limit in force over time, not the reservation.
+    flat = _numerator(prices, replace(reserved, memory_bytes=0), usage.wall_ms, usage.cpu_us)
+    return (flat + memory_byte_us(reserved.memory_bytes, usage) * prices.memory_gib_hour) // (
+        _DENOMINATOR
+    )
+
+
+def memory_byte_us(reserved: int, usage: Usage) -> int:
+    """Memory held over the job's wall time, in byte-microseconds: the reservation, or the
+    limits its grants set from their times on (a grant past the wall time counts for 0)."""
+    held, since, total = reserved, 0, 0
+    for grant in usage.grants or ():
+        at = min(grant.at_ms, usage.wall_ms)
+        total += held * (at - since)
+        held, since = grant.memory_bytes, at
+    return (total + held * (usage.wall_ms - since)) * 1000
 
 
 def quote(prices: Prices, reserved: Resources, wall_ms: int) -> int:
@@ -77,7 +104,9 @@ def charge(
         if usage.checkpoint_ms == 0 or usage.wall_ms == 0:
             return 0
         until = min(usage.checkpoint_ms, usage.wall_ms)
-        usage = Usage(wall_ms=until, cpu_us=usage.cpu_us * until // usage.wall_ms)
+        usage = Usage(
+            wall_ms=until, cpu_us=usage.cpu_us * until // usage.wall_ms, grants=usage.grants
+        )
     return min(cost(prices, reserved, usage), max_cost)
 
 

@@ -15,9 +15,11 @@ sys.path.insert(0, str(VECTORS))
 from tagged import from_json
 
 from protocol.book import OrderBook
+from protocol.elastic import cpu_grant, memory_step
 from protocol.encoding import decode, encode
 from protocol.envelope import MESSAGE_TYPES, open_signed, seal
 from protocol.errors import DecodeError, InvalidMessage
+from protocol.estimate import BadEstimateLabel, Observed, parse_estimate_label, recommend
 from protocol.identity import PrivateKey
 from protocol.limits import OutOfBounds
 from protocol.limits import check_limits as limits_of
@@ -43,7 +45,7 @@ from protocol.pricing import (
 )
 from protocol.schema import from_value, to_value
 from protocol.secrets import encode_secrets, open_secrets
-from protocol.settlement import charge
+from protocol.settlement import charge, cost
 from protocol.tape import Tape, TradePrint
 from protocol.usage import Observation, classify
 from protocol.work import score_of, work_fits, work_per_kwh, work_price
@@ -225,6 +227,48 @@ def check_limits(case):
             limits_of(job, resources, checkpoint)
         assert info.value.reason.value == case["error"]
         assert info.value.field == case["field"]
+
+
+def check_estimate(case):
+    if "label" in case:
+        if not case["valid"]:
+            with pytest.raises(BadEstimateLabel) as info:
+                parse_estimate_label(case["label"])
+            assert (info.value.reason, info.value.key) == (case["error"], case["key"])
+            return
+        rule = parse_estimate_label(case["label"])
+        command = None if rule.command is None else list(rule.command)
+        assert command == case["command"]
+        assert (rule.sample_bytes, rule.memory_scales) == (
+            case["sample_bytes"],
+            case["memory_scales"],
+        )
+        return
+    rec = recommend(
+        Observed(**case["observed"]),
+        full_input_bytes=case["full_input_bytes"],
+        sampled_input_bytes=case["sampled_input_bytes"],
+        memory_scales=case["memory_scales"],
+    )
+    assert rec.resources == from_value(Resources, from_json(case["resources"]))
+    assert rec.wall_ms == case["wall_ms"]
+    assert rec.expected == from_value(Usage, from_json(case["expected"]))
+
+
+def check_elastic(case):
+    name = case["name"]
+    if name.startswith("memory: "):
+        step = memory_step(limit=case["limit"], used=case["used"], top=case["top"],
+                           free=case["free"])  # fmt: skip
+        assert (step.limit, step.exhausted) == (case["new_limit"], case["exhausted"])
+    elif name.startswith("cpu: "):
+        got = cpu_grant(asked=case["asked"], current=case["current"], top=case["top"],
+                        free=case["free"])  # fmt: skip
+        assert got == case["granted"]
+    else:
+        prices = from_value(Prices, from_json(case["prices"]))
+        reserved = from_value(Resources, from_json(case["reserved"]))
+        assert cost(prices, reserved, from_value(Usage, from_json(case["usage"]))) == case["cost"]
 
 
 def check_sealed_secrets(case):

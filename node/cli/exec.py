@@ -14,6 +14,7 @@ import re
 import shutil
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -21,7 +22,7 @@ import trio
 
 from node.cli.image import add_home_option, resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
-from node.storage.image import ImageError
+from node.storage.image import ImageError, import_image
 from node.storage.registry import (
     Login,
     RegistryError,
@@ -33,7 +34,7 @@ from node.storage.store import BlobStore
 from protocol.limits import OutOfBounds, check_limits, check_pids_limit
 from protocol.messages import Checkpoint, DataRef, ExitReason, JobSpec, Resources
 
-__all__ = ["register"]
+__all__ = ["local_image", "parse_input", "progress_printer", "register", "run_locally"]
 
 EXIT_INPUT = 2
 EXIT_FAULT = 3
@@ -87,7 +88,9 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     )
     p.add_argument("--cpu", type=_cpu, default=1000, help="cores (1.5) or millicores (500m)")
     p.add_argument("--memory", type=_bytes, default=256 << 20, help="memory limit, e.g. 512M")
-    p.add_argument("--disk", type=_bytes, default=64 << 20, help="scratch /tmp size")
+    p.add_argument(
+        "--disk", type=_bytes, default=0, help="scratch disk, the job's /tmp (default: 64M tmpfs)"
+    )
     p.add_argument("--max-output", type=_bytes, default=64 << 20, help="output area cap")
     p.add_argument("--timeout", type=_ms, default=3_600_000, help="wall clock, e.g. 30s")
     p.add_argument("--network", action="store_true", help="allow the network (host's)")
@@ -129,32 +132,21 @@ def _run(args: argparse.Namespace) -> int:
 async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     resources = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
     store = BlobStore(args.home / "store")
-    spec = _job(args, store, command, await _image(args.image, store))
+    spec = _job(args, store, command, await local_image(args.image, store))
     checkpoint = None
     if args.checkpoint_dir or args.resume:
         checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)
     check_limits(spec, resources, checkpoint)  # before anything is mounted or started
     check_pids_limit(args.pids)
-    executor = Executor(
-        ExecutorConfig(
-            store_root=args.home / "store",
-            work_root=args.home / "work",
-            capacity=resources,
-            pids_limit=args.pids,
-            runtime=args.runtime,
-        )
+    executor, result = await run_locally(
+        args.home,
+        spec,
+        resources,
+        checkpoint=checkpoint,
+        pids_limit=args.pids,
+        runtime=args.runtime,
+        progress=progress_printer(),
     )
-    t0 = time.monotonic()
-
-    def progress(step: str) -> None:
-        print(f"[{time.monotonic() - t0:7.3f}s] {step}", file=sys.stderr)
-
-    try:
-        progress(f"cgroup {executor.mode.value}, runtime {executor.runtime.describe()}")
-        result = await executor.run_job(spec, resources, checkpoint=checkpoint, progress=progress)
-        progress(f"done: {result.exit_reason.value}")
-    finally:
-        executor.close()
     if args.output_dir is not None:
         _export(executor, result, args.output_path, args.output_dir)
     print(json.dumps(_as_json(result)) if args.json else _table(executor, result))
@@ -163,13 +155,80 @@ async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     return 0 if result.exit_reason is ExitReason.SUCCESS else max(1, result.exit_code & 0xFF)
 
 
-async def _image(name: str, store: BlobStore) -> str:
+async def local_image(name: str, store: BlobStore) -> str:
     """The manifest digest of IMAGE: pulled from its registry (``HOST/REPO@sha256:...``),
-    or found in the store."""
+    imported from an OCI layout or archive at that path, or found in the store.
+
+    Raises:
+        ImageError, RegistryError: none of those has it.
+    """
     if looks_like_registry_ref(name):
         pulled = await pull_image(store, parse_ref(name), login=Login.from_env(os.environ))
         return pulled.manifest
+    path = trio.Path(name)
+    if not name.startswith("sha256:") and await path.exists():
+        imported = await trio.to_thread.run_sync(import_image, store, Path(name))
+        return imported.manifest
     return resolve_image(store, name)
+
+
+def progress_printer() -> Callable[[str], None]:
+    """Prints each step of a local job to stderr with the seconds since it began."""
+    t0 = time.monotonic()
+
+    def progress(step: str) -> None:
+        print(f"[{time.monotonic() - t0:7.3f}s] {step}", file=sys.stderr)
+
+    return progress
+
+
+async def run_locally(
+    home: Path,
+    spec: JobSpec,
+    resources: Resources,
+    *,
+    checkpoint: Checkpoint | None = None,
+    pids_limit: int = 512,
+    runtime: str | None = None,
+    progress: Callable[[str], None] | None = None,
+) -> tuple[Executor, JobResult]:
+    """Run one job in an executor of its own over ``home``'s store, as a provider would;
+    the executor (closed) is returned for its store.
+
+    Raises:
+        OutOfBounds: a limit outside protocol.limits' bounds (nothing ran).
+    """
+    executor = Executor(
+        ExecutorConfig(
+            store_root=home / "store",
+            work_root=home / "work",
+            capacity=resources,
+            pids_limit=pids_limit,
+            runtime=runtime,
+        )
+    )
+    say = progress or (lambda _step: None)
+    try:
+        say(f"cgroup {executor.mode.value}, runtime {executor.runtime.describe()}")
+        result = await executor.run_job(spec, resources, checkpoint=checkpoint, progress=say)
+        say(f"done: {result.exit_reason.value}")
+    finally:
+        executor.close()
+    return executor, result
+
+
+def parse_input(item: str) -> tuple[Path, str]:
+    """``FILE:/PATH`` as (file, container path).
+
+    Raises:
+        ValueError: not that form, or FILE is not a file.
+    """
+    src, sep, dest = item.rpartition(":")
+    if not sep or not src or not dest.startswith("/"):
+        raise ValueError(f"--input {item!r}: use FILE:/container/path")
+    if not Path(src).is_file():
+        raise ValueError(f"--input {item!r}: {src} is not a file")
+    return Path(src), dest
 
 
 def _job(
@@ -178,9 +237,7 @@ def _job(
     """The job the flags describe; its inputs are stored."""
     inputs = []
     for item in args.input:
-        src, sep, dest = item.rpartition(":")
-        if not sep or not dest.startswith("/"):
-            raise ValueError(f"--input {item!r}: use FILE:/container/path")
+        src, dest = parse_input(item)
         digest = store.put_file(src)
         inputs.append(DataRef(digest=digest, path=dest, size=store.size(digest)))
     return JobSpec(
@@ -224,6 +281,7 @@ def _as_json(r: JobResult) -> dict[str, Any]:
         "stdout": r.stdout,
         "stderr": r.stderr,
         "truncated_logs": list(r.truncated_logs),
+        "scratch_bytes": r.scratch_bytes,
         "detail": r.detail,
     }
 
@@ -239,6 +297,7 @@ def _table(executor: Executor, r: JobResult) -> str:
         ("io read/write", f"{u.io_read_bytes} / {u.io_write_bytes} bytes"),
         ("pids peak", str(u.pids_peak)),
         ("oom kills", str(u.oom_kills)),
+        ("scratch used", f"{r.scratch_bytes / (1 << 20):.1f} MiB"),
     ]
     if r.checkpoint:
         rows.append(("checkpoint", r.checkpoint))

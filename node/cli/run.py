@@ -33,16 +33,28 @@ from node.cli.common import (
     short_peer,
     size_bytes,
 )
+from node.cli.estimate import (
+    DEFAULT_DISK,
+    DEFAULT_MEMORY,
+    DEFAULT_TIMEOUT_MS,
+    EstimateFailed,
+    flags,
+    measure,
+)
+from node.cli.exec import progress_printer
 from node.cli.image import resolve_image
 from node.market.buyer import FINAL_STATES
 from node.market.request import JobRequest, RequestError, build_request
 from node.storage.fetching import FetchError
 from node.storage.image import ImageError
 from node.storage.objects import S3Keys, hash_object
-from node.storage.registry import Login, looks_like_registry_ref
+from node.storage.registry import Login, RegistryError, looks_like_registry_ref
 from node.storage.store import BlobStore
+from protocol.estimate import BadEstimateLabel
+from protocol.limits import OutOfBounds
+from protocol.messages import Resources
 
-__all__ = ["register"]
+__all__ = ["Unusable", "exit_status", "register", "request_image"]
 
 EXIT_NEVER_RAN = 2
 EXIT_CX = 125
@@ -61,6 +73,8 @@ examples:
   cx run --wait-match 2m --region eu-west --trust sev-snp --max-price 5 sha256:4f1c... -- true
   cx run --max-price 1 --input s3://data/run1/:/in --output-to s3://data/out/ \\
          registry.example:5000/team/app@sha256:0315... -- sh -c 'wc -l /in/* > /out/n'
+  cx run --estimate --max-price 1 --input data.csv:/in/data.csv busybox -- sort /in/data.csv
+  cx run --memory 1G --elastic-memory 8G --elastic-cpu 16 --max-price 1 app -- ./train
 
 IMAGE is a manifest digest (sha256:...), a name or digest prefix from `cx image ls` in the
 node's store, the path of an OCI layout directory or archive, which the node imports, or a
@@ -86,7 +100,17 @@ Interrupting cx run (Ctrl-C) leaves the job to the node: `cx cancel JOB` stops i
 """
 
 
-class _Unusable(Exception):
+_DEFAULTS = {"cpu": 1000, "memory": 256 << 20, "disk": 0, "timeout": 3_600_000}
+# The measured run of --estimate: limits that should not cut it short (as cx estimate's).
+_ESTIMATE_DEFAULTS = {
+    "cpu": (os.cpu_count() or 1) * 1000,
+    "memory": DEFAULT_MEMORY,
+    "disk": DEFAULT_DISK,
+    "timeout": DEFAULT_TIMEOUT_MS,
+}
+
+
+class Unusable(Exception):
     """An option value cx cannot turn into a request; the message says what to do."""
 
 
@@ -104,16 +128,30 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run in it"
     )
     need = p.add_argument_group("resources")
-    need.add_argument("--cpu", type=cpu, default=1000, help="cores (0.5, 2) or 500m; default 1")
+    need.add_argument("--cpu", type=cpu, help="cores (0.5, 2) or 500m; default 1")
+    need.add_argument("--memory", type=size_bytes, help="memory, e.g. 512M; default 256M")
     need.add_argument(
-        "--memory", type=size_bytes, default=256 << 20, help="memory, e.g. 512M; default 256M"
+        "--disk", type=size_bytes, help="scratch disk (the job's /tmp), e.g. 1G; default 0"
     )
-    need.add_argument("--disk", type=size_bytes, default=0, help="scratch disk, e.g. 1G; default 0")
     need.add_argument("--gpus", type=int, default=0, help="number of GPUs; default 0")
+    need.add_argument(
+        "--elastic-memory",
+        type=size_bytes,
+        default=0,
+        metavar="CEILING",
+        help="let the provider raise the memory limit while it runs, up to CEILING (e.g. 4G)",
+    )
+    need.add_argument(
+        "--elastic-cpu",
+        type=cpu,
+        default=0,
+        metavar="CEILING",
+        help="let the job ask for more CPU while it runs (writing `cpu N` to /cx/request), "
+        "up to CEILING cores",
+    )
     need.add_argument(
         "--timeout",
         type=duration_ms,
-        default=3_600_000,
         metavar="DURATION",
         help="wall-clock limit of the job, e.g. 30s, 10m, 2h; default 1h",
     )
@@ -165,6 +203,16 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     where.add_argument(
         "--region", action="append", default=[], help="acceptable region (repeatable)"
     )
+    where.add_argument("--cpu-model", metavar="TEXT", help="a CPU model containing TEXT, e.g. EPYC")
+    where.add_argument(
+        "--cpu-flag",
+        action="append",
+        default=[],
+        metavar="FLAG",
+        help="a CPU feature flag the machine must have, as /proc/cpuinfo spells it, e.g. "
+        "avx512f (repeatable)",
+    )
+    where.add_argument("--min-kernel", metavar="VERSION", help="the least kernel release, e.g. 6.1")
     where.add_argument(
         "--trust",
         choices=("none", "tpm", "sev-snp"),
@@ -210,6 +258,13 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="directory in the job that it checkpoints to, for resuming elsewhere",
     )
     job.add_argument("--name", help="a name to recognise the job by in `cx jobs`")
+    job.add_argument(
+        "--estimate",
+        action="store_true",
+        help="first run it once here, as `cx estimate` does, and bid for the resources it "
+        "recommends (--cpu, --memory, --disk and --timeout are then the limits of that run, "
+        "by default as generous as cx estimate's)",
+    )
     follow = p.add_argument_group("following it")
     follow.add_argument(
         "--output",
@@ -235,7 +290,7 @@ def _run(args: argparse.Namespace) -> int:
         request = _request(args)
         api = client(args)
         job = api.submit(request)
-    except _Unusable as exc:
+    except Unusable as exc:
         print(f"cx run: {exc}", file=sys.stderr)
         return EXIT_CX
     except ApiError as exc:
@@ -264,38 +319,46 @@ def _request(args: argparse.Namespace) -> JobRequest:
     """The job request for the API from the command line, checked as the node checks it.
 
     Raises:
-        _Unusable: an option cannot be used as given.
+        Unusable: an option cannot be used as given.
     """
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
     if not command:
-        raise _Unusable("give a command after IMAGE, e.g. cx run busybox -- echo hello")
+        raise Unusable("give a command after IMAGE, e.g. cx run busybox -- echo hello")
     if args.max_price is None:
-        raise _Unusable(
+        raise Unusable(
             "give --max-price, the most you pay per core-hour in credits (e.g. --max-price "
             "1.5); `cx market` shows what offers ask"
         )
     if args.gpus and args.max_gpu_price is None:
-        raise _Unusable("give --max-gpu-price (credits per GPU-hour) with --gpus")
+        raise Unusable("give --max-gpu-price (credits per GPU-hour) with --gpus")
     if args.gpus < 0:
-        raise _Unusable("--gpus cannot be negative")
+        raise Unusable("--gpus cannot be negative")
     env = {}
     for item in args.env:
         key, sep, value = item.partition("=")
         if not sep or not key:
-            raise _Unusable(f"--env {item!r}: use NAME=VALUE")
+            raise Unusable(f"--env {item!r}: use NAME=VALUE")
         env[key] = value
     if args.checkpoint_path is not None and not args.checkpoint_path.startswith("/"):
-        raise _Unusable("--checkpoint-path must be an absolute path in the container")
+        raise Unusable("--checkpoint-path must be an absolute path in the container")
     same = args.max_price
     inputs = [_input(item) for item in args.input]
+    defaults = _ESTIMATE_DEFAULTS if args.estimate else _DEFAULTS
+    for name, value in defaults.items():
+        if getattr(args, name) is None:
+            setattr(args, name, value)
+    if args.estimate:
+        _estimate(args, command, inputs, env)
     fields = {
-        "image": _image(args.image, args.home),
+        "image": request_image(args.image, args.home),
         "command": command,
         "env": env,
         "cpu_milli": args.cpu,
         "memory_bytes": args.memory,
         "disk_bytes": args.disk,
         "gpus": args.gpus,
+        "elastic_memory_bytes": args.elastic_memory,
+        "elastic_cpu_milli": args.elastic_cpu,
         "wall_ms": args.timeout,
         "max_prices": {
             "cpu_core_hour": args.max_price,
@@ -307,6 +370,9 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "regions": args.region,
         "trust": args.trust,
         "min_reputation": args.min_reputation,
+        "cpu_model": args.cpu_model,
+        "cpu_flags": args.cpu_flag,
+        "min_kernel": args.min_kernel,
         "inputs": inputs,
         "preemptible": args.preemptible,
         "checkpoint_path": args.checkpoint_path,
@@ -320,7 +386,49 @@ def _request(args: argparse.Namespace) -> JobRequest:
     try:
         return build_request(**fields)
     except RequestError as exc:
-        raise _Unusable(str(exc)) from None
+        raise Unusable(str(exc)) from None
+
+
+def _estimate(
+    args: argparse.Namespace,
+    command: list[str],
+    inputs: list[dict[str, Any]],
+    env: dict[str, str],
+) -> None:
+    """Measure the job here and put the recommended resources into ``args``.
+
+    Raises:
+        Unusable: a URL input (estimation reads local files only), or the run failed.
+    """
+    urls = [i["url"] for i in inputs if "url" in i]
+    if urls:
+        raise Unusable(
+            f"--estimate runs the job here on local --input files only, not {urls[0]}; "
+            "estimate with a local sample (cx estimate) and give --cpu and --memory"
+        )
+    files = [(Path(i["file"]), i["path"]) for i in inputs]
+    limits = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
+    try:
+        found = trio.run(
+            partial(
+                measure,
+                args.home,
+                args.image,
+                command,
+                files,
+                limits=limits,
+                wall_ms=args.timeout,
+                env=env,
+                progress=progress_printer(),
+            )
+        )
+    except (EstimateFailed, BadEstimateLabel, OutOfBounds, ImageError, RegistryError,
+            ValueError, OSError) as exc:  # fmt: skip
+        raise Unusable(f"--estimate: {exc}") from None
+    rec = found.recommendation
+    args.cpu, args.memory = rec.resources.cpu_milli, rec.resources.memory_bytes
+    args.disk, args.timeout = rec.resources.disk_bytes, rec.wall_ms
+    print(f"cx run: estimated {flags(rec)}", file=sys.stderr)
 
 
 def _credentials(
@@ -341,27 +449,27 @@ def _credentials(
 def _input(item: str) -> dict[str, Any]:
     local, sep, dest = item.rpartition(":")
     if not sep or not local or not dest.startswith("/"):
-        raise _Unusable(f"--input {item!r}: use LOCAL_FILE:/path/in/job or URL:/path/in/job")
+        raise Unusable(f"--input {item!r}: use LOCAL_FILE:/path/in/job or URL:/path/in/job")
     if local.startswith(("http://", "https://")):
         # The node reads only its own S3 endpoint: pin a web URL here, on the user's machine.
         try:
             digest, size = trio.run(partial(hash_object, local, now=datetime.now(UTC)))
         except FetchError as exc:
-            raise _Unusable(f"--input {item!r}: {exc}") from None
+            raise Unusable(f"--input {item!r}: {exc}") from None
         return {"path": dest, "url": local, "digest": digest, "size": size}
     if "://" in local:
         return {"path": dest, "url": local}
     path = Path(local)
     if not path.is_file():
-        raise _Unusable(f"--input {item!r}: {local} is not a file")
+        raise Unusable(f"--input {item!r}: {local} is not a file")
     return {"path": dest, "file": str(path.resolve())}
 
 
-def _image(name: str, home: Path) -> str:
+def request_image(name: str, home: Path) -> str:
     """A digest or absolute path the node can use for ``name``.
 
     Raises:
-        _Unusable: ``name`` is none of a digest, a path, or an image in the node's store.
+        Unusable: ``name`` is none of a digest, a path, or an image in the node's store.
     """
     if _DIGEST.fullmatch(name) or looks_like_registry_ref(name):
         return name  # a registry image is checked with the request, and pulled by the provider
@@ -373,11 +481,11 @@ def _image(name: str, home: Path) -> str:
         try:
             return resolve_image(BlobStore(store), name)
         except ImageError as exc:
-            raise _Unusable(str(exc)) from None
+            raise Unusable(str(exc)) from None
         except OSError as exc:
-            raise _Unusable(f"cannot read the image store {store} ({exc}); give IMAGE as "
+            raise Unusable(f"cannot read the image store {store} ({exc}); give IMAGE as "
                             "sha256:... or a path") from None  # fmt: skip
-    raise _Unusable(
+    raise Unusable(
         f"{name!r} is not a digest, a path, or an image in {store}; import it with "
         "`cx image import` or give sha256:..."
     )

@@ -36,7 +36,11 @@ __all__ = [
     "JobCgroup",
     "detect_hierarchies",
     "parse_hierarchies",
+    "raise_memory_limit",
     "read_counters",
+    "read_memory_held",
+    "read_pids",
+    "set_cpu_limit",
 ]
 
 log = logging.getLogger(__name__)
@@ -231,3 +235,56 @@ def read_counters(cg: JobCgroup) -> Counters:
         io_read_bytes=io[0],
         io_write_bytes=io[1],
     )
+
+
+# -- elastic limits (protocol/elastic.py decides; these apply) ------------------------------
+
+
+def read_memory_held(cg: JobCgroup) -> int:
+    """Memory the job cannot give back: anonymous pages and tmpfs (v1 ``total_rss +
+    total_shmem``, v2 ``anon + shmem`` of memory.stat); page cache, which the kernel
+    reclaims at the limit, does not count."""
+    stat = parse_keyed(_read(cg.file("memory", "memory.stat")))
+    if cg.mode is CgroupMode.V2:
+        return stat.get("anon", 0) + stat.get("shmem", 0)
+    return stat.get("total_rss", 0) + stat.get("total_shmem", 0)
+
+
+def _write(path: Path | None, value: str) -> None:
+    if path is None:
+        raise OSError(f"no cgroup file to write {value!r} to")
+    path.write_text(value)
+
+
+def raise_memory_limit(cg: JobCgroup, limit: int, *, swap_accounting: bool) -> None:
+    """Raise the job's memory limit to ``limit`` (no swap beyond it), in place.
+
+    Raises:
+        OSError: the kernel refused.
+    """
+    if cg.mode is CgroupMode.V2:
+        _write(cg.file("memory", "memory.max"), str(limit))
+        return
+    # v1 requires memsw >= limit at every moment: raise memsw first.
+    if swap_accounting:
+        _write(cg.file("memory", "memory.memsw.limit_in_bytes"), str(limit))
+    _write(cg.file("memory", "memory.limit_in_bytes"), str(limit))
+
+
+def set_cpu_limit(cg: JobCgroup, cpu_milli: int, period_us: int = 100_000) -> None:
+    """Set the job's CPU quota to ``cpu_milli`` millicores per period, in place.
+
+    Raises:
+        OSError: the kernel refused.
+    """
+    quota = max(1000, cpu_milli * period_us // 1000)
+    if cg.mode is CgroupMode.V2:
+        _write(cg.file("cpu", "cpu.max"), f"{quota} {period_us}")
+        return
+    _write(cg.file("cpu", "cpu.cfs_quota_us"), str(quota))
+
+
+def read_pids(cg: JobCgroup) -> set[int]:
+    """The processes in the job's cgroup, as this (the host's) pid namespace numbers them."""
+    text = _read(cg.file("pids", "cgroup.procs"))
+    return {int(p) for p in text.split() if p.isdigit()}

@@ -11,9 +11,17 @@ Rules:
   that "more than the cap" is observable), ``ckpt`` a tmpfs for the checkpoint directory,
   ``stdout`` and ``stderr`` a tmpfs each, capped at ``LOG_CAP_BYTES`` (+ one page): a log
   past its cap is cut there and named in ``JobResult.truncated_logs``. Inputs are verified
-  and bind-mounted read-only from the store. /tmp is a container tmpfs of ``disk_bytes`` (or
-  a default). tmpfs pages are charged to the job's memory cgroup, so no write escapes the
-  memory limit either. Every path is absolute (a relative home is resolved first).
+  and bind-mounted read-only from the store. /tmp is the job's scratch disk when it reserves
+  ``disk_bytes`` (``scratch``: an ext4 image of that size on the provider's disk,
+  loop-mounted, node/exec/scratch.py; what it used at the end is ``JobResult.scratch_bytes``),
+  else a small container tmpfs. tmpfs pages are charged to the job's memory cgroup, so no
+  write escapes the memory limit either. Every path is absolute (a relative home is
+  resolved first).
+- Elastic jobs (``elastic``): a small tmpfs ``elastic`` is the container's /cx (its request
+  file); while the job runs, node/exec/elastic.py raises its memory limit and CPU quota in
+  place within its ceilings and this executor's free capacity, which the growth takes
+  until the job ends; the grants are in ``usage.grants``. A job with a checkpoint contract
+  that needs memory the provider has not got is stopped as preempted.
 - Wall clock: from the moment the runtime has started the job until init exits. At
   ``wall_ms`` the job is killed (timeout).
   On preemption the declared signal goes to the job's init, then after ``grace_ms`` SIGKILL;
@@ -55,21 +63,33 @@ from typing import Any
 import trio
 
 from node.exec import mounts
-from node.exec.cgroups import CgroupMode, Counters, detect_hierarchies, read_counters
-from node.exec.gpu import GpuDevice, wire_gpus
+from node.exec.cgroups import (
+    CgroupMode,
+    Counters,
+    detect_hierarchies,
+    read_counters,
+    read_pids,
+)
+from node.exec.elastic import IN_CONTAINER as ELASTIC_DIR
+from node.exec.elastic import ElasticWatch
+from node.exec.gpu import GPU_SAMPLE_S, GpuDevice, gpu_memory_used, wire_gpus
 from node.exec.janitor import Janitor
 from node.exec.jobsdir import JobsDir
 from node.exec.ocispec import Bind, JobConfig, build_config
 from node.exec.runtime import Runtime, RuntimeFault, choose_runtime
+from node.exec.scratch import make_scratch, remove_image, used_bytes
 from node.storage.image import ID_MAP_BASE, RootfsCache, image_config
 from node.storage.store import BlobStore
+from protocol.elastic import check_elastic
 from protocol.limits import check_limits, check_pids_limit
 from protocol.messages import (
     LOG_CAP_BYTES,
     LOG_PATHS,
     Checkpoint,
     DataRef,
+    Elastic,
     ExitReason,
+    Grant,
     JobSpec,
     Resources,
     Usage,
@@ -117,6 +137,7 @@ class JobResult:
     stdout: str | None = None  # blob digests of the job's logs
     stderr: str | None = None
     truncated_logs: tuple[str, ...] = ()  # LOG_PATHS cut at LOG_CAP_BYTES
+    scratch_bytes: int = 0  # used on the scratch disk when the job ended
     detail: str = ""
     start_s: float | None = None  # run_job until the runtime had started the container
 
@@ -129,11 +150,15 @@ class _Gathered:
     checkpoint: str | None
     logs: tuple[str | None, ...]  # stdout, stderr
     truncated_logs: tuple[str, ...]
+    scratch_bytes: int
 
 
 @dataclass(slots=True)
 class _Running:
     stop: trio.Event = field(default_factory=trio.Event)
+    extra: Resources = field(default_factory=lambda: Resources(cpu_milli=0, memory_bytes=0))
+    grants: list[Grant] = field(default_factory=list)
+    gpu_memory_peak: int | None = None  # sampled while a GPU job runs
 
 
 def _block_device(path: Path) -> tuple[int, int] | None:
@@ -175,6 +200,8 @@ class Executor:
         self.mode = self.cgroups.mode
         self.runtime: Runtime = choose_runtime(self.mode, config.work_root, config.runtime)
         self.jobs_dir = config.work_root / "jobs"
+        self.scratch_dir = config.work_root / "scratch"  # on disk, unlike jobs_dir
+        self._scratch_base: dict[str, int] = {}  # job id -> bytes its empty scratch used
         self._jobs = JobsDir(self.jobs_dir)  # a shared tmpfs, until close()
         self._jobs.open()
         self._in_use = Resources(cpu_milli=0, memory_bytes=0, disk_bytes=0, gpus=0)
@@ -212,6 +239,11 @@ class Executor:
                 self._janitor.submit(job_id, functools.partial(self._clean_up, job_id, cid, None))
         for job in self.jobs_dir.iterdir():
             self._janitor.submit(job.name, functools.partial(self._clean_up, job.name, None, job))
+        left = self.scratch_dir.glob("*.img") if self.scratch_dir.is_dir() else ()
+        for image in left:
+            self._janitor.submit(
+                image.stem, functools.partial(self._clean_up, image.stem, None, None)
+            )
         await self.settled()
         await self.runtime.ready()  # the first job need not wait for the namespace helper
 
@@ -250,8 +282,10 @@ class Executor:
         job_id: str | None = None,
         checkpoint: Checkpoint | None = None,
         progress: Callable[[str], None] | None = None,
+        elastic: Elastic | None = None,
     ) -> JobResult:
-        """Run ``spec`` within ``resources``; return what happened.
+        """Run ``spec`` within ``resources`` (growing within ``elastic``); return what
+        happened.
 
         Raises:
             InvalidMessage: a limit is out of bounds (protocol.limits; nothing ran).
@@ -259,6 +293,7 @@ class Executor:
             ValueError: ``job_id`` is not a plain name, or that job is running.
         """
         check_limits(spec, resources, checkpoint)
+        check_elastic(resources, elastic)
         job_id = job_id or os.urandom(8).hex()
         if not _JOB_ID.fullmatch(job_id):
             raise ValueError(f"job id {job_id!r}: letters, digits, - and _ only, at most 64")
@@ -273,10 +308,13 @@ class Executor:
         self._in_use = self._in_use.plus(resources)
         running = self._running[job_id] = _Running()
         try:
-            return await self._run(job_id, spec, resources, checkpoint, gpus, running, progress)
+            return await self._run(
+                job_id, spec, resources, checkpoint, gpus, running, progress, elastic
+            )
         finally:
             del self._running[job_id]
-            self._in_use = self._in_use.minus(resources)
+            self._scratch_base.pop(job_id, None)
+            self._in_use = self._in_use.minus(resources.plus(running.extra))
             self._free_gpus.extend(gpus)
 
     async def _run(
@@ -288,6 +326,7 @@ class Executor:
         gpus: list[GpuDevice],
         running: _Running,
         progress: Callable[[str], None] | None,
+        elastic: Elastic | None = None,
     ) -> JobResult:
         say = progress or (lambda _msg: None)
         cid = f"cx-{job_id}"
@@ -299,7 +338,9 @@ class Executor:
             if job.exists():  # the same id ran before and is still being cleaned up
                 await self.settled()
             job.mkdir(mode=0o711)
-            bundle = await self._prepare(job, job_id, spec, resources, checkpoint, gpus, say)
+            bundle = await self._prepare(
+                job, job_id, spec, resources, checkpoint, gpus, say, elastic is not None
+            )
             say("starting container")
             started = True
             out, err = (job / name / "log" for name in _LOGS)
@@ -317,9 +358,16 @@ class Executor:
             pidfd = os.pidfd_open(pid)  # init is our child (subreaper): a zombie at worst
             try:
                 say(f"running (pid {pid})")
-                timed_out, preempted, status = await self._wait(
-                    pid, pidfd, spec.wall_ms, checkpoint, running
-                )
+                async with trio.open_nursery() as nursery:
+                    if elastic is not None:
+                        watch = self._watch(job_id, job, resources, elastic, checkpoint, running)
+                        nursery.start_soon(watch.run)
+                    if gpus:
+                        nursery.start_soon(self._meter_gpus, job_id, running)
+                    timed_out, preempted, status = await self._wait(
+                        pid, pidfd, spec.wall_ms, checkpoint, running
+                    )
+                    nursery.cancel_scope.cancel()
             finally:
                 os.close(pidfd)
             wall_ms = int((time.monotonic() - t_start) * 1000)
@@ -327,7 +375,12 @@ class Executor:
             result = await self._collect(
                 job_id, job, spec, checkpoint, status, wall_ms, timed_out, preempted
             )
-            return replace(result, start_s=t_start - t_prepare)
+            usage = replace(
+                result.usage,
+                grants=tuple(running.grants) or None,
+                gpu_memory_peak_bytes=running.gpu_memory_peak,
+            )
+            return replace(result, usage=usage, start_s=t_start - t_prepare)
         except Exception as exc:  # per-job top: a provider fault, never the buyer's job
             log.exception("job %s: provider fault", job_id)
             wall = int((time.monotonic() - t_start) * 1000) if t_start is not None else 0
@@ -342,6 +395,45 @@ class Executor:
             self._janitor.submit(
                 job_id, functools.partial(self._clean_up, job_id, cid if started else None, job)
             )
+
+    async def _meter_gpus(self, job_id: str, running: _Running) -> None:
+        """Keep the peak GPU memory of the job's processes until cancelled."""
+        cg = self.cgroups.job(_cgroup_path(job_id))
+        running.gpu_memory_peak = 0
+        while True:
+            used = await gpu_memory_used(read_pids(cg))
+            running.gpu_memory_peak = max(running.gpu_memory_peak, used)
+            await trio.sleep(GPU_SAMPLE_S)  # a sampling period, not a synchronisation
+
+    def _watch(
+        self,
+        job_id: str,
+        job: Path,
+        resources: Resources,
+        elastic: Elastic,
+        checkpoint: Checkpoint | None,
+        running: _Running,
+    ) -> ElasticWatch:
+        def take(more: Resources) -> None:
+            self._in_use = self._in_use.plus(more)
+            running.extra = running.extra.plus(more)
+
+        def exhausted() -> None:
+            if checkpoint is not None:  # it resumes where there is room (the buyer bids again)
+                log.info("job %s: needs memory this provider has not got: preempting", job_id)
+                running.stop.set()
+
+        return ElasticWatch(
+            cgroup=self.cgroups.job(_cgroup_path(job_id)),
+            area=job / "elastic",
+            resources=resources,
+            elastic=elastic,
+            swap_accounting=self.swap_accounting,
+            free=lambda: self.free,
+            take=take,
+            exhausted=exhausted,
+            grants=running.grants,
+        )
 
     def _clean_up(self, job_id: str, cid: str | None, job: Path | None) -> None:
         """Whatever the runtime did or failed to do, leave no container ``cid``, cgroup,
@@ -358,6 +450,10 @@ class Executor:
             log.warning("job %s: cgroups left behind: %s", job_id, left)
         if job is not None:
             _teardown_dir(job)
+        remove_image(self._scratch_image(job_id))
+
+    def _scratch_image(self, job_id: str) -> Path:
+        return self.scratch_dir / f"{job_id}.img"
 
     async def _prepare(
         self,
@@ -368,6 +464,7 @@ class Executor:
         checkpoint: Checkpoint | None,
         gpus: list[GpuDevice],
         say: Callable[[str], None],
+        elastic: bool = False,
     ) -> Path:
         async with self._unpacking:
             lower = self.rootfs.path(spec.image)
@@ -398,6 +495,23 @@ class Executor:
             binds.append(
                 Bind(source=str(job / "ckpt"), destination=checkpoint.path, readonly=False)
             )
+        if resources.disk_bytes:
+            (job / "scratch").mkdir()
+            self._scratch_base[job_id] = await trio.to_thread.run_sync(
+                functools.partial(
+                    make_scratch,
+                    self._scratch_image(job_id),
+                    job / "scratch",
+                    size_bytes=resources.disk_bytes,
+                    uid=uid,
+                    gid=gid,
+                )
+            )
+            binds.append(Bind(source=str(job / "scratch"), destination="/tmp", readonly=False))  # noqa: S108
+        if elastic:  # the job's request file and the answer
+            (job / "elastic").mkdir()
+            mounts.mount_tmpfs(job / "elastic", size_bytes=_PAGE * 4, uid=uid, gid=gid)
+            binds.append(Bind(source=str(job / "elastic"), destination=ELASTIC_DIR, readonly=False))
         for ref in spec.inputs:
             await trio.to_thread.run_sync(self.store.verify, ref.digest)
             binds.append(Bind(source=str(self.store.path(ref.digest)), destination=ref.path))
@@ -422,7 +536,7 @@ class Executor:
                 binds=binds,
                 devices=wiring.devices,
                 block_device=self.block_device,
-                scratch_bytes=resources.disk_bytes or _DEFAULT_SCRATCH,
+                scratch_bytes=None if resources.disk_bytes else _DEFAULT_SCRATCH,
             )
         )
         (job / "config.json").write_text(json.dumps(cfg))
@@ -514,6 +628,7 @@ class Executor:
             stdout=got.logs[0],
             stderr=got.logs[1],
             truncated_logs=got.truncated_logs,
+            scratch_bytes=got.scratch_bytes,
         )
 
     def _gather(
@@ -527,6 +642,8 @@ class Executor:
         if out_bytes <= spec.max_output_bytes:
             outputs = _store_outputs(self.store, job / "out", spec.output_path)
         ckpt = _store_checkpoint(self.store, job / "ckpt") if checkpoint is not None else None
+        base = self._scratch_base.get(job_id)
+        scratch = used_bytes(job / "scratch", base) if base is not None else 0
         kept = [self._store_log(job / name / "log") for name in _LOGS]
         logs = tuple(digest for digest, _ in kept)
         keep = [o.digest for o in outputs] + [d for d in [ckpt, *logs] if d]
@@ -539,6 +656,7 @@ class Executor:
             checkpoint=ckpt,
             logs=logs,
             truncated_logs=tuple(p for p, (_, cut) in zip(LOG_PATHS, kept, strict=True) if cut),
+            scratch_bytes=scratch,
         )
 
     def _store_log(self, path: Path) -> tuple[str | None, bool]:
@@ -664,6 +782,6 @@ def _cgroup_path(job_id: str) -> str:
 
 
 def _teardown_dir(job: Path) -> None:
-    for sub in ("root", "out", *_LOGS, "ckpt"):
+    for sub in ("root", "out", *_LOGS, "ckpt", "scratch", "elastic"):
         mounts.unmount(job / sub)
     shutil.rmtree(job, ignore_errors=True)

@@ -1,7 +1,8 @@
 """The few host-side mount operations a job needs, as direct syscalls (no mount(8) fork).
 
 Rules:
-- Writable job areas are size-capped tmpfs mounts owned by the container's mapped root, so
+- Writable job areas are size-capped tmpfs mounts (a scratch disk, node/exec/scratch.py,
+  is an ext4 image on a loop device) owned by the container's mapped root, so
   the kernel enforces the cap (ENOSPC) and the provider can read them after the job ends.
 - Each job's root is an overlay over the shared, unpacked image: mount points the runtime
   creates land in the job's upper layer, never in the shared tree.
@@ -17,6 +18,7 @@ from pathlib import Path
 
 __all__ = [
     "make_shared",
+    "mount_device",
     "mount_overlay",
     "mount_points",
     "mount_sources",
@@ -70,6 +72,11 @@ def mount_tmpfs(
 
 def mount_overlay(target: Path, *, lower: Path, upper: Path, work: Path) -> None:
     _mount("overlay", target, "overlay", 0, f"lowerdir={lower},upperdir={upper},workdir={work}")
+
+
+def mount_device(device: Path, target: Path, *, fstype: str) -> None:
+    """Mount the filesystem on block ``device`` at ``target``, nosuid and nodev."""
+    _mount(str(device), target, fstype, MS_NOSUID | MS_NODEV, "")
 
 
 def make_shared(target: Path) -> None:

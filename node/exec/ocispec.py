@@ -9,7 +9,8 @@ Rules (what every job gets, whatever it asks for):
 - memory limit with swap equal to it (no swap beyond the limit), CPU quota per 100 ms
   period from millicores, a pids limit, and a device allow-list (runtime defaults + GPUs);
 - writable places are only the bind mounts the executor prepares (output, checkpoint),
-  the scratch /tmp (a tmpfs of ``scratch_bytes``) and /dev/shm; /dev is a read-only tmpfs
+  the scratch /tmp (a tmpfs of ``scratch_bytes``, or the job's scratch disk bound there)
+  and /dev/shm; /dev is a read-only tmpfs
   holding the runtime's default devices; inputs are bind-mounted read-only.
 """
 
@@ -166,7 +167,7 @@ class JobConfig:
     binds: Sequence[Bind] = ()
     devices: Sequence[Device] = ()
     block_device: tuple[int, int] | None = None  # (major, minor) to meter I/O on (v1)
-    scratch_bytes: int = 64 * 1024 * 1024  # /tmp
+    scratch_bytes: int | None = 64 * 1024 * 1024  # /tmp's tmpfs; None: /tmp is a bind
     hostname: str = "job"
     annotations: dict[str, str] = field(default_factory=dict)
 
@@ -199,14 +200,15 @@ def build_config(job: JobConfig) -> dict[str, Any]:
         },
         {"destination": "/dev/mqueue", "type": "mqueue", "source": "mqueue"},
     ]
-    mounts.append(
-        {
-            "destination": "/tmp",  # noqa: S108 - the container's own tmpfs
-            "type": "tmpfs",
-            "source": "tmpfs",
-            "options": ["nosuid", "nodev", "mode=1777", f"size={job.scratch_bytes}"],
-        }
-    )
+    if job.scratch_bytes is not None:
+        mounts.append(
+            {
+                "destination": "/tmp",  # noqa: S108 - the container's own tmpfs
+                "type": "tmpfs",
+                "source": "tmpfs",
+                "options": ["nosuid", "nodev", "mode=1777", f"size={job.scratch_bytes}"],
+            }
+        )
     for b in job.binds:
         opts = ["rbind", "nosuid", "nodev", "ro" if b.readonly else "rw"]
         mounts.append(

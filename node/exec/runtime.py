@@ -91,12 +91,15 @@ class Runtime:
         Raises:
             RuntimeFault: the runtime failed.
         """
-        proc = subprocess.run(
-            self._argv("delete", "--force", cid),
-            stdin=subprocess.DEVNULL,
-            capture_output=True,
-            check=False,
-        )
+        try:
+            proc = subprocess.run(
+                self._argv("delete", "--force", cid),
+                stdin=subprocess.DEVNULL,
+                capture_output=True,
+                check=False,
+            )
+        except OSError as exc:  # it did not even start (seen: EFAULT from exec under load)
+            raise RuntimeFault(f"{self.name} delete could not start: {exc}") from exc
         if proc.returncode != 0:
             err = proc.stderr.decode(errors="replace").strip()
             raise RuntimeFault(f"{self.name} delete failed ({proc.returncode}): {err}")

@@ -53,6 +53,7 @@ from protocol.messages import (
     Accept,
     Checkpoint,
     DataRef,
+    Elastic,
     ExitReason,
     JobSpec,
     JobState,
@@ -90,6 +91,7 @@ class Runner(Protocol):
         *,
         job_id: str,
         checkpoint: Checkpoint | None,
+        elastic: Elastic | None = None,
     ) -> JobResult: ...
 
     def preempt(self, job_id: str) -> bool: ...
@@ -165,6 +167,8 @@ class Provider:
             capacity=c.capacity,
             prices=self._prices,
             arch=c.arch,
+            gpus=c.gpus,
+            hardware=c.hardware,
             region=c.region,
             trust=trust,
             seal_key=self.seal.public,
@@ -367,7 +371,11 @@ class Provider:
         try:
             with self.market.store.holding(job_blobs(self.market.store, job, resume)):
                 result = await self.executor.run_job(
-                    job, terms.resources, job_id=running.job_id, checkpoint=terms.checkpoint
+                    job,
+                    terms.resources,
+                    job_id=running.job_id,
+                    checkpoint=terms.checkpoint,
+                    elastic=terms.elastic,
                 )
         except CapacityExceeded as exc:
             self._fault(agreement, str(exc))

@@ -30,6 +30,7 @@ from node.storage.objects import S3Keys as storage_keys
 from node.storage.objects import parse_url
 from node.storage.registry import Login, looks_like_registry_ref, parse_ref
 from node.storage.store import BlobStore
+from protocol.elastic import ceiling, check_elastic, elastic_of
 from protocol.envelope import check_sealable
 from protocol.errors import DecodeError, InvalidMessage
 from protocol.identity import PublicKey
@@ -40,6 +41,7 @@ from protocol.messages import (
     Checkpoint,
     Constraints,
     DataRef,
+    HardwareRequirement,
     JobSpec,
     Prices,
     Resources,
@@ -258,6 +260,14 @@ class JobRequest(_Frozen):
     disk_bytes: Annotated[int, _within("resources.disk_bytes")] = 0
     gpus: Annotated[int, _within("resources.gpus")] = 0
     wall_ms: Annotated[int, _within("job.wall_ms")] = 3_600_000
+    # Elastic ceilings (spec/workloads.md "Elastic jobs"); 0: that resource stays as reserved.
+    elastic_memory_bytes: Count = 0
+    elastic_cpu_milli: Count = 0
+    # Hardware the machine must have (spec/workloads.md "Hardware"): model text, flags,
+    # the least kernel release.
+    cpu_model: Text | None = None
+    cpu_flags: tuple[Annotated[Text, Field(pattern=r"^[a-z0-9_.]+$")], ...] = ()
+    min_kernel: Annotated[Text, Field(pattern=r"^[0-9]+(\.[0-9]+)*$")] | None = None
     arch: Arch | None = None
     regions: tuple[Text, ...] = ()
     trust: TrustLevel = TrustLevel.NONE
@@ -328,7 +338,12 @@ def _plain(value: object) -> object:
     raise TypeError(f"{type(value).__name__} is not part of a job request")
 
 
-_LIMIT_FIELDS = {"checkpoint.path": "checkpoint_path", "checkpoint.grace_ms": "checkpoint"}
+_LIMIT_FIELDS = {
+    "checkpoint.path": "checkpoint_path",
+    "checkpoint.grace_ms": "checkpoint",
+    "elastic.memory_bytes": "elastic_memory_bytes",
+    "elastic.cpu_milli": "elastic_cpu_milli",
+}
 _PATTERN_HINTS = {
     "image": "must be a manifest digest sha256:<64 hex> or an absolute path to an OCI layout",
     "digest": "must be a digest sha256:<64 hex>",
@@ -393,6 +408,16 @@ def _stored(item: Input, store: BlobStore) -> Input:
     return Input(path=item.path, digest=digest, size=store.size(digest))
 
 
+def _hardware(request: JobRequest) -> HardwareRequirement | None:
+    if request.cpu_model is None and not request.cpu_flags and request.min_kernel is None:
+        return None
+    return HardwareRequirement(
+        cpu_model=request.cpu_model,
+        cpu_flags=tuple(sorted(set(request.cpu_flags))) or None,
+        min_kernel=request.min_kernel,
+    )
+
+
 def bid_from_request(request: JobRequest) -> Bid:
     """The bid for a resolved request (every input a blob).
 
@@ -441,17 +466,20 @@ def bid_from_request(request: JobRequest) -> Bid:
                 if request.provider is None
                 else PublicKey.from_peer_id(request.provider).raw,
                 min_reputation=request.min_reputation,
+                hardware=_hardware(request),
             ),
             preemptible=request.preemptible,
             max_work_price=request.max_work_price,
             checkpoint=(
                 Checkpoint(path=request.checkpoint_path) if request.checkpoint_path else None
             ),
+            elastic=elastic_of(request.elastic_memory_bytes, request.elastic_cpu_milli),
         )
     except ValueError as exc:
         raise RequestError(f"bad job request: {exc}") from exc
     try:
         check_limits(bid.job, bid.resources, bid.checkpoint)
+        check_elastic(bid.resources, bid.elastic)
     except OutOfBounds as exc:  # named as the request names it: wall_ms, checkpoint_path
         field = _LIMIT_FIELDS.get(exc.field, exc.field.rpartition(".")[2])
         raise RequestError(f"{field}: {exc.why}") from None
@@ -459,7 +487,7 @@ def bid_from_request(request: JobRequest) -> Bid:
         check_sealable(bid)
     except DecodeError as exc:
         raise RequestError(f"the bid would be refused by every peer: {exc}") from None
-    budget = quote(bid.max_prices, bid.resources, bid.job.wall_ms)
+    budget = quote(bid.max_prices, ceiling(bid.resources, bid.elastic), bid.job.wall_ms)
     if budget > _INT_MAX:
         raise RequestError(
             "max_prices at these resources and wall time make a budget too large to state "

@@ -23,13 +23,13 @@ from __future__ import annotations
 
 import os
 import tomllib
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
 from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
-from protocol.messages import Arch, Prices, Resources, TrustLevel
+from protocol.messages import Arch, Gpu, Hardware, Prices, Resources, TrustLevel
 from protocol.pricing import (
     MARKET_WINDOW_MS,
     NO_CEILING,
@@ -99,6 +99,15 @@ class ProviderConfig:
     cost: MachineCost | None = None
     max_share_ppm: int = 1_000_000  # the most of the offer one buyer may hold (fair share)
     benchmark: bool = False  # measure and state a work score at start (protocol/work.py)
+    # GPUs: 0 offers none; N >= 1 detects the host's NVIDIA GPUs at start (nvidia-smi) and
+    # offers each as N time-sliced shares (1: whole GPUs). ``gpus`` is what was detected.
+    gpu_shares: int = 0
+    gpus: tuple[Gpu, ...] = ()
+    hardware: Hardware | None = None  # detected at start: CPU model, flags, kernel
+
+    def with_gpus(self, gpus: tuple[Gpu, ...]) -> ProviderConfig:
+        """This config offering ``gpus`` (what detection found, as shares)."""
+        return replace(self, gpus=gpus, capacity=replace(self.capacity, gpus=len(gpus)))
 
     @property
     def trust(self) -> tuple[TrustLevel, ...]:
@@ -300,6 +309,7 @@ def _prices(p: dict[str, Any]) -> Prices:
         cpu_core_hour=int(p["cpu_core_hour"]),
         memory_gib_hour=int(p.get("memory_gib_hour", 0)),
         disk_gib_hour=int(p.get("disk_gib_hour", 0)),
+        gpu_hour=int(p.get("gpu_hour", 0)),
     )
 
 
@@ -319,6 +329,7 @@ def _parse_provider(p: dict[str, Any]) -> ProviderConfig:
         pricing=_parse_pricing(p["pricing"], prices) if "pricing" in p else None,
         max_share_ppm=int(p.get("max_share_ppm", 1_000_000)),
         benchmark=bool(p.get("benchmark", False)),
+        gpu_shares=int(p.get("gpu_shares", 0)),
         cost=MachineCost(**{k: int(v) for k, v in p["cost"].items()}) if "cost" in p else None,
     )
 
@@ -414,6 +425,7 @@ def _render(c: NodeConfig) -> str:
                     "cpu_core_hour": p.prices.cpu_core_hour,
                     "memory_gib_hour": p.prices.memory_gib_hour,
                     "disk_gib_hour": p.prices.disk_gib_hour,
+                    "gpu_hour": p.prices.gpu_hour,
                     "arch": p.arch.value,
                     "region": p.region,
                     "tpm": p.tpm,
@@ -421,6 +433,7 @@ def _render(c: NodeConfig) -> str:
                     "offer_ttl_ms": p.offer_ttl_ms,
                     "max_share_ppm": p.max_share_ppm,
                     "benchmark": p.benchmark,
+                    "gpu_shares": p.gpu_shares,
                 },
             )
         )

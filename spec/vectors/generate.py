@@ -25,12 +25,14 @@ from tagged import to_json
 
 from attest.enrolment import ENROLMENT_TTL_MS
 from protocol.book import OrderBook
+from protocol.elastic import cpu_grant, memory_step
 from protocol.encoding import encode
 from protocol.envelope import (
     open_signed,
     seal,
 )
 from protocol.errors import DecodeError, InvalidMessage
+from protocol.estimate import BadEstimateLabel, Observed, parse_estimate_label, recommend
 from protocol.identity import PrivateKey
 from protocol.limits import OutOfBounds, check_limits
 from protocol.messages import (
@@ -44,6 +46,7 @@ from protocol.messages import (
     DataRef,
     Enrolment,
     ExitReason,
+    Grant,
     Invitation,
     JobSecrets,
     JobSpec,
@@ -69,7 +72,7 @@ from protocol.pricing import (
 )
 from protocol.schema import SignedInt, to_value
 from protocol.secrets import encode_secrets, open_secrets
-from protocol.settlement import charge
+from protocol.settlement import charge, cost
 from protocol.tape import Tape, TradePrint, sign_print
 from protocol.usage import Observation, classify
 from protocol.work import score_of, work_fits, work_per_kwh, work_price
@@ -1038,6 +1041,112 @@ def work() -> None:
     write("work", "work", "spec/work.md#test-vectors", cases)
 
 
+def estimates() -> None:
+    """workloads.md "Estimation": estimation labels, and the resources a measured run
+    recommends."""
+    labels = [
+        ("command and sample", '{"command": ["sh", "-c", "run --quick"], "sample_bytes": 4096}'),
+        ("memory grows with the input", '{"sample_bytes": 1, "memory": "linear"}'),
+        ("empty: the job's own command on whole inputs", "{}"),
+        ("not JSON", "sample 4k"),
+        ("not an object", '["sh"]'),
+        ("unknown key", '{"cmd": ["sh"]}'),
+        ("command as a string", '{"command": "sh -c x"}'),
+        ("empty command", '{"command": []}'),
+        ("zero sample", '{"sample_bytes": 0}'),
+        ("boolean sample", '{"sample_bytes": true}'),
+        ("unknown memory rule", '{"memory": "quadratic"}'),
+    ]
+    cases: list[dict[str, object]] = []
+    for name, label in labels:
+        case: dict[str, object] = {"name": f"label: {name}", "label": label}
+        try:
+            rule = parse_estimate_label(label)
+        except BadEstimateLabel as exc:
+            case.update(valid=False, error=exc.reason, key=exc.key)
+        else:
+            case.update(
+                valid=True,
+                command=None if rule.command is None else list(rule.command),
+                sample_bytes=rule.sample_bytes,
+                memory_scales=rule.memory_scales,
+            )
+        cases.append(case)
+    runs: list[tuple[str, Observed, int, int, bool]] = [
+        ("a whole run", Observed(wall_ms=2000, cpu_us=1_500_000, memory_peak_bytes=100 << 20,
+                                 scratch_bytes=10 << 20), 0, 0, False),
+        ("a quarter sample, fixed memory", Observed(wall_ms=1000, cpu_us=900_000,
+                                                    memory_peak_bytes=40 << 20,
+                                                    io_read_bytes=10), 4000, 1000, False),
+        ("a quarter sample, linear memory", Observed(wall_ms=1000, cpu_us=900_000,
+                                                     memory_peak_bytes=40 << 20), 4000, 1000,
+         True),
+        ("an instant run", Observed(wall_ms=0, cpu_us=0, memory_peak_bytes=0), 0, 0, False),
+        ("more than the bounds", Observed(wall_ms=20 * 24 * HOUR, cpu_us=10**15,
+                                          memory_peak_bytes=1 << 47), 0, 0, False),
+    ]  # fmt: skip
+    for name, seen, full, sampled, linear in runs:
+        rec = recommend(
+            seen, full_input_bytes=full, sampled_input_bytes=sampled, memory_scales=linear
+        )
+        cases.append(
+            {
+                "name": f"recommend: {name}",
+                "observed": dataclasses.asdict(seen),
+                "full_input_bytes": full,
+                "sampled_input_bytes": sampled,
+                "memory_scales": linear,
+                "resources": to_json(to_value(rec.resources)),
+                "wall_ms": rec.wall_ms,
+                "expected": to_json(to_value(rec.expected)),
+            }
+        )
+    write("estimate", "estimate", "spec/workloads.md#test-vectors", cases)
+
+
+def elastic() -> None:
+    """workloads.md "Elastic jobs": when limits grow, and what grants cost."""
+    mib = 1 << 20
+    steps = [
+        ("below 90 %: hold", 100 * mib, 89 * mib, 400 * mib, 1 << 30),
+        ("at 90 %: half again", 100 * mib, 90 * mib, 400 * mib, 1 << 30),
+        ("small limit: at least 16 MiB", 20 * mib, 19 * mib, 400 * mib, 1 << 30),
+        ("capped by the ceiling", 100 * mib, 99 * mib, 120 * mib, 1 << 30),
+        ("capped by what is free", 100 * mib, 99 * mib, 400 * mib, 10 * mib),
+        ("no room: exhausted", 100 * mib, 99 * mib, 400 * mib, 0),
+        ("at the ceiling: meets its limit", 100 * mib, 99 * mib, 100 * mib, 1 << 30),
+    ]
+    cases: list[dict[str, object]] = []
+    for name, limit, used, top, free in steps:
+        step = memory_step(limit=limit, used=used, top=top, free=free)
+        cases.append({"name": f"memory: {name}", "limit": limit, "used": used, "top": top,
+                      "free": free, "new_limit": step.limit, "exhausted": step.exhausted})  # fmt: skip
+    grants_cpu = [
+        ("within the ceiling", 4000, 1000, 8000, 16000),
+        ("above the ceiling", 32000, 1000, 8000, 16000),
+        ("more than is free", 8000, 1000, 8000, 2000),
+        ("less than it has", 500, 1000, 8000, 16000),
+    ]
+    for name, asked, current, top, free in grants_cpu:
+        cases.append({"name": f"cpu: {name}", "asked": asked, "current": current, "top": top,
+                      "free": free, "granted": cpu_grant(asked=asked, current=current, top=top,
+                                                         free=free)})  # fmt: skip
+    prices = Prices(cpu_core_hour=1_000_000, memory_gib_hour=100_000)
+    reserved = Resources(cpu_milli=1000, memory_bytes=1 << 30)
+    usages = [
+        ("no grants", Usage(wall_ms=HOUR, cpu_us=HOUR * 1000)),
+        ("doubled memory half way", Usage(wall_ms=HOUR, cpu_us=HOUR * 1000, grants=(
+            Grant(at_ms=HOUR // 2, cpu_milli=1000, memory_bytes=2 << 30),))),
+        ("a grant after the end counts for nothing", Usage(wall_ms=HOUR, cpu_us=0, grants=(
+            Grant(at_ms=HOUR, cpu_milli=4000, memory_bytes=8 << 30),))),
+    ]  # fmt: skip
+    for name, usage in usages:
+        cases.append({"name": f"cost: {name}", "prices": to_json(to_value(prices)),
+                      "reserved": to_json(to_value(reserved)), "usage": to_json(to_value(usage)),
+                      "cost": cost(prices, reserved, usage)})  # fmt: skip
+    write("elastic", "elastic", "spec/workloads.md#test-vectors", cases)
+
+
 if __name__ == "__main__":
     encoding()
     identity()
@@ -1051,3 +1160,5 @@ if __name__ == "__main__":
     tape()
     work()
     reputation()
+    estimates()
+    elastic()

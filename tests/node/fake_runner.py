@@ -11,7 +11,7 @@ import trio
 
 from node.exec.executor import JobResult
 from node.storage.store import BlobStore
-from protocol.messages import Checkpoint, ExitReason, JobSpec, Resources, Usage
+from protocol.messages import Checkpoint, Elastic, ExitReason, JobSpec, Resources, Usage
 
 _SLEEP = re.compile(r"sleep (\d+)")
 
@@ -32,6 +32,7 @@ class FakeRunner:
         *,
         job_id: str,
         checkpoint: Checkpoint | None,
+        elastic: Elastic | None = None,
     ) -> JobResult:
         self.started.append(job_id)
         found = _SLEEP.search(" ".join(spec.command))

@@ -367,6 +367,11 @@ def test_a_complete_request_round_trips_through_json():
         "memory_bytes": 1 << 28,
         "disk_bytes": 1 << 30,
         "gpus": 1,
+        "elastic_memory_bytes": 1 << 30,
+        "elastic_cpu_milli": 2000,
+        "cpu_model": "EPYC",
+        "cpu_flags": ["avx2", "avx512f"],
+        "min_kernel": "6.1",
         "wall_ms": 60_000,
         "max_prices": {
             "cpu_core_hour": 1,

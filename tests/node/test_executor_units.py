@@ -24,6 +24,7 @@ from node.exec.janitor import Janitor
 from node.exec.jobsdir import JobsDir
 from node.exec.mountns import MountNamespace
 from node.exec.ocispec import Bind, JobConfig, build_config
+from node.exec.runtime import Runtime, RuntimeFault
 from protocol.messages import ExitReason
 from protocol.usage import Observation, classify, exit_code_of
 
@@ -305,3 +306,12 @@ def test_namespace_helper_sees_later_job_mounts_and_hides_the_controllers():
         jobs.close()
     assert mounts_under(root) == []
     shutil.rmtree(root)
+
+
+def test_a_runtime_that_cannot_start_fails_delete_as_a_runtime_fault(tmp_path):
+    # The janitor goes on to the cgroups and mounts only past a RuntimeFault: an OSError
+    # from starting the binary (a missing one here; EFAULT from exec was seen under load)
+    # must not cut the cleanup short.
+    runtime = Runtime(name="crun", binary=str(tmp_path / "no-such-crun"), state_root=tmp_path)
+    with pytest.raises(RuntimeFault, match="could not start"):
+        runtime.delete("cx-x")
