@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -19,7 +18,8 @@ from typing import Any
 
 import trio
 
-from node.cli.image import add_home_option, resolve_image
+from node.cli.common import add_common, cpu, duration_ms, size_bytes
+from node.cli.image import resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
 from node.storage.image import ImageError
 from node.storage.registry import (
@@ -37,8 +37,6 @@ __all__ = ["register"]
 
 EXIT_INPUT = 2
 EXIT_FAULT = 3
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_TIME = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 # The option a user typed for each field protocol.limits names.
 _OPTION = {
     "resources.cpu_milli": "--cpu",
@@ -52,26 +50,6 @@ _OPTION = {
 }
 
 
-def _bytes(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([kmgt]?)(i?b)?", text.strip().lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512M or 2G")
-    return int(m.group(1)) * _UNITS[m.group(2)]
-
-
-def _ms(text: str) -> int:
-    m = re.fullmatch(r"(\d+)(ms|s|m|h)?", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s or 5m")
-    return int(m.group(1)) * _TIME[m.group(2) or "s"]
-
-
-def _cpu(text: str) -> int:
-    if text.endswith("m"):
-        return int(text[:-1])
-    return int(float(text) * 1000)
-
-
 def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
     p = commands.add_parser(
         "exec",
@@ -81,17 +59,28 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "login comes from CX_REGISTRY_USERNAME and CX_REGISTRY_PASSWORD) with the limits "
         "given, then print the exit reason, metered usage and output digests.",
     )
-    p.add_argument("image")
+    p.add_argument(
+        "image",
+        metavar="IMAGE",
+        help="a name or digest from cx image ls, or HOST[:PORT]/REPO@sha256:...",
+    )
     p.add_argument(
         "command", nargs=argparse.REMAINDER, help="command and arguments (options go before IMAGE)"
     )
-    p.add_argument("--cpu", type=_cpu, default=1000, help="cores (1.5) or millicores (500m)")
-    p.add_argument("--memory", type=_bytes, default=256 << 20, help="memory limit, e.g. 512M")
-    p.add_argument("--disk", type=_bytes, default=64 << 20, help="scratch /tmp size")
-    p.add_argument("--max-output", type=_bytes, default=64 << 20, help="output area cap")
-    p.add_argument("--timeout", type=_ms, default=3_600_000, help="wall clock, e.g. 30s")
+    p.add_argument("--cpu", "--cpus", type=cpu, default=1000,
+                   help="cores (1.5) or millicores (500m); default 1")  # fmt: skip
+    p.add_argument("-m", "--memory", type=size_bytes, default=256 << 20,
+                   help="memory limit, e.g. 512Mi or 1G; default 256Mi")  # fmt: skip
+    p.add_argument("--disk", type=size_bytes, default=64 << 20,
+                   help="scratch /tmp size, e.g. 1Gi; default 64Mi")  # fmt: skip
+    p.add_argument("--max-output", type=size_bytes, default=64 << 20,
+                   help="output area cap, e.g. 100M; default 64Mi")  # fmt: skip
+    p.add_argument("--timeout", type=duration_ms, default=3_600_000, metavar="DURATION",
+                   help="wall-clock limit, e.g. 30s, 10m, 1.5h (a bare number is seconds); "
+                   "default 1h")  # fmt: skip
     p.add_argument("--network", action="store_true", help="allow the network (host's)")
-    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
+                   help="set a variable in the job (repeatable)")  # fmt: skip
     p.add_argument(
         "--input",
         action="append",
@@ -106,7 +95,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     p.add_argument("--runtime", choices=["crun", "runc"], help="override the runtime choice")
     p.add_argument("--pids", type=int, default=512, help="pids limit")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_home_option(p)
+    add_common(p)
     p.set_defaults(run=_run)
 
 
