@@ -211,4 +211,6 @@ def _job(job_id: str) -> str:
 def _not_running(home: Path | None, url: str | None = None) -> str:
     if home is None:
         return f"no node is listening at {url}; start one with `cx node`"
-    return f"no node is running for home {home}; start one with `cx node`"
+    if not (home / "config.toml").exists():
+        return f"{home} is not a node's home yet; make one with `cx init --home {home}`"
+    return f"no node is running for home {home}; start one with `cx node --home {home}`"

@@ -15,7 +15,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from node.storage.home import default_home
+from node.cli.common import add_common
 from node.storage.image import (
     ImageError,
     RootfsCache,
@@ -25,18 +25,9 @@ from node.storage.image import (
 )
 from node.storage.store import BlobStore
 
-__all__ = ["add_home_option", "register", "resolve_image"]
+__all__ = ["register", "resolve_image"]
 
 EXIT_INPUT = 2
-
-
-def add_home_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--home",
-        type=Path,
-        default=default_home(),
-        help="the node's home (store, jobs); default $CX_HOME, else /var/lib/cx as root",
-    )
 
 
 def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
@@ -51,27 +42,29 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     build.add_argument("--busybox", default="/bin/busybox", help="static busybox binary")
     build.add_argument("--tag", default="busybox", help="ref name in index.json")
     build.add_argument("--import", dest="do_import", action="store_true", help="also import it")
-    add_home_option(build)
+    add_common(build)
     build.set_defaults(run=_build)
 
     imp = sub.add_parser(
         "import", help="import an OCI layout dir, OCI archive or docker-save archive"
     )
-    imp.add_argument("path", type=Path)
+    imp.add_argument(
+        "path", type=Path, help="an OCI layout directory, OCI archive or `docker save` archive"
+    )
     imp.add_argument("--ref", help="tag to pick when the image holds several")
     imp.add_argument("--arch", help="architecture to resolve a multi-arch index to")
     imp.add_argument("--unpack", action="store_true", help="unpack now rather than on first run")
-    add_home_option(imp)
+    add_common(imp)
     imp.set_defaults(run=_import)
 
     ls = sub.add_parser("ls", help="list imported images")
-    ls.add_argument("--json", action="store_true")
-    add_home_option(ls)
+    ls.add_argument("--json", action="store_true", help="print the images as JSON")
+    add_common(ls)
     ls.set_defaults(run=_ls)
 
     gc = sub.add_parser("gc", help="delete blobs and unpacked trees nothing refers to")
     gc.add_argument("--grace", type=float, default=3600.0, help="keep blobs younger (seconds)")
-    add_home_option(gc)
+    add_common(gc)
     gc.set_defaults(run=_gc)
 
 

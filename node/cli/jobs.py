@@ -16,6 +16,7 @@ from node.cli.common import add_common, age, client, credits, print_json, short_
 __all__ = ["register"]
 
 Json = dict[str, Any]
+_JOB_HELP = "a job id, or a prefix of one that names one job (see cx jobs)"
 _PRICE_UNITS = (
     ("cpu_core_hour", "core-h"),
     ("memory_gib_hour", "GiB-h memory"),
@@ -39,7 +40,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="print a job's stdout (and its stderr to stderr)",
         description="Print JOB's stdout to stdout and its stderr to stderr.",
     )
-    logs.add_argument("job", metavar="JOB")
+    logs.add_argument("job", metavar="JOB", help=_JOB_HELP)
     add_common(logs, json_help="print {stdout, stderr} as JSON")
     logs.set_defaults(run=talk("cx logs", _logs))
 
@@ -48,7 +49,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="fetch a job's output files",
         description="Fetch the files JOB wrote to its output directory into DEST.",
     )
-    get.add_argument("job", metavar="JOB")
+    get.add_argument("job", metavar="JOB", help=_JOB_HELP)
     get.add_argument("dest", nargs="?", type=Path, default=Path(), metavar="DEST",
                      help="directory to write them under (default: the current one)")  # fmt: skip
     add_common(get, json_help="print [{path, file, size}] as JSON")
@@ -60,7 +61,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         description="Explain how the market sees JOB's bid: the offers seen, the constraints "
         "that ruled them out, and the best price against your limit.",
     )
-    why.add_argument("job", metavar="JOB")
+    why.add_argument("job", metavar="JOB", help=_JOB_HELP)
     add_common(why, json_help="print the explanation as JSON")
     why.set_defaults(run=talk("cx why", _why))
 
@@ -69,7 +70,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="cancel a job that has not been matched yet",
         description="Cancel JOB while it waits for a match: its bid is withdrawn everywhere.",
     )
-    cancel.add_argument("job", metavar="JOB")
+    cancel.add_argument("job", metavar="JOB", help=_JOB_HELP)
     add_common(cancel, json_help="print the JobView as JSON")
     cancel.set_defaults(run=talk("cx cancel", _cancel))
 

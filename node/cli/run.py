@@ -77,8 +77,9 @@ offers ask.
 
 exit status:
   0    the job succeeded (with --detach: it was submitted; its id is printed)
-  N    the job failed with exit code N
-  1    it failed without an exit code (killed, out of memory, timed out, provider fault)
+  N    the job exited with code N of its own
+  1    it failed otherwise (out of memory, timed out, too many processes, output too
+       large, bad input, provider fault), whatever signal ended it
   2    it never ran: not matched within --wait-match (it is then cancelled), or cancelled
        (2 is also argparse's status for a malformed command line)
   125  cx could not submit or follow it: no node running, request refused, bad option
@@ -104,18 +105,27 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run in it"
     )
     need = p.add_argument_group("resources")
-    need.add_argument("--cpu", type=cpu, default=1000, help="cores (0.5, 2) or 500m; default 1")
     need.add_argument(
-        "--memory", type=size_bytes, default=256 << 20, help="memory, e.g. 512M; default 256M"
+        "--cpu", "--cpus", type=cpu, default=1000, help="cores (0.5, 2) or 500m; default 1"
     )
-    need.add_argument("--disk", type=size_bytes, default=0, help="scratch disk, e.g. 1G; default 0")
+    need.add_argument(
+        "-m",
+        "--memory",
+        type=size_bytes,
+        default=256 << 20,
+        help="memory, e.g. 512Mi or 1G (SI or binary suffixes); default 256Mi",
+    )
+    need.add_argument(
+        "--disk", type=size_bytes, default=0, help="scratch disk, e.g. 1Gi; default 0"
+    )
     need.add_argument("--gpus", type=int, default=0, help="number of GPUs; default 0")
     need.add_argument(
         "--timeout",
         type=duration_ms,
         default=3_600_000,
         metavar="DURATION",
-        help="wall-clock limit of the job, e.g. 30s, 10m, 2h; default 1h",
+        help="wall-clock limit of the job, e.g. 30s, 10m, 1.5h (a bare number is seconds); "
+        "default 1h",
     )
     money = p.add_argument_group("prices (credits)")
     money.add_argument(
@@ -195,6 +205,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="upload the job's outputs under this prefix (the node's [s3] endpoint)",
     )
     job.add_argument(
+        "-e",
         "--env",
         action="append",
         default=[],
@@ -232,8 +243,8 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        api = client(args)  # first: no node (or no home) is the first thing to say
         request = _request(args)
-        api = client(args)
         job = api.submit(request)
     except _Unusable as exc:
         print(f"cx run: {exc}", file=sys.stderr)
@@ -470,6 +481,6 @@ def exit_status(job: dict[str, Any]) -> int:
     if job.get("exit_reason") is None and job["state"] in ("cancelled", *_UNMATCHED):
         return EXIT_NEVER_RAN
     code = job.get("exit_code")
-    if isinstance(code, int) and 0 < code < 256:
-        return code
+    if job.get("exit_reason") == "nonzero-exit" and isinstance(code, int) and 0 < code < 256:
+        return code  # the job's own status; a kill (137 after OOM or timeout) is 1
     return 1

@@ -190,10 +190,10 @@ async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path
     data = tmp_path / "data.csv"
     data.write_text("a,b\n")
     code, out, err = await cx(
-        "run", "--detach", "--cpu", "0.5", "--memory", "128M", "--disk", "1G",
+        "run", "--detach", "--cpus", "0.5", "-m", "128Mi", "--disk", "1G",
         "--timeout", "10m", "--max-price", "1.5", "--max-memory-price", "0.25",
         "--region", "eu", "--region", "us", "--trust", "tpm", "--arch", "arm64",
-        "--input", f"{data}:/in/data.csv", "--env", "A=1", "--env", "B=x=y",
+        "--input", f"{data}:/in/data.csv", "-e", "A=1", "--env", "B=x=y",
         "--preemptible", "--checkpoint-path", "/ckpt", "--name", "nightly",
         DIGEST, "--", "sh", "-c", "wc -l /in/data.csv",
     )  # fmt: skip
@@ -207,7 +207,7 @@ async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path
             "env": {"A": "1", "B": "x=y"},
             "cpu_milli": 500,
             "memory_bytes": 128 << 20,
-            "disk_bytes": 1 << 30,
+            "disk_bytes": 10**9,
             "gpus": 0,
             "wall_ms": 600_000,
             "max_prices": {
@@ -277,9 +277,11 @@ async def test_run_exit_status_follows_the_job(node, cx):
     assert code == 3
     assert "nonzero-exit (exit code 3)" in err
 
-    fake.script = [("running", {}), ("failed", {"exit_reason": "oom", "exit_code": None})]
-    code, _, _ = await cx("run", "--max-price", "2", DIGEST, "--", "true")
-    assert code == 1
+    # Killed (137 after OOM or a timeout): 1, as the help says, not the signal's status.
+    for reason, exit_code in (("oom", None), ("oom", 137), ("timeout", 137)):
+        fake.script = [("running", {}), ("failed", {"exit_reason": reason, "exit_code": exit_code})]
+        code, _, _ = await cx("run", "--max-price", "2", DIGEST, "--", "true")
+        assert code == 1
 
     # Nothing takes it: --wait-match gives up, cancels the job, and exits 2.
     code, _, err = await cx("run", "--max-price", "2", "--wait-match", "0s", DIGEST, "true")
@@ -307,11 +309,18 @@ async def test_run_refuses_unusable_options_before_submitting(node, cx):
 async def test_no_node_running_says_how_to_start_one(tmp_path, capsys):
     home = tmp_path / "nothing-here"
     cx = Cx(home, capsys)
-    expected = f"no node is running for home {home}; start one with `cx node`"
+    # Not even initialised: say so first (not "no image in .../store"), with the --home given.
+    uninitialised = f"{home} is not a node's home yet; make one with `cx init --home {home}`"
+    code, _, err = await cx("jobs")
+    assert (code, err) == (3, f"cx jobs: {uninitialised}\n")
+    code, _, err = await cx("run", "--max-price", "1", "busybox", "true")
+    assert (code, err) == (125, f"cx run: {uninitialised}\n")
+
+    home.mkdir()
+    (home / "config.toml").write_text("")
+    expected = f"no node is running for home {home}; start one with `cx node --home {home}`"
     code, _, err = await cx("jobs")
     assert (code, err) == (3, f"cx jobs: {expected}\n")
-    code, _, err = await cx("run", "--max-price", "1", DIGEST, "true")
-    assert (code, err) == (125, f"cx run: {expected}\n")
 
     # A stale api.json: the node is gone and its port refuses.
     with socket.socket() as s:
