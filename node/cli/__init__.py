@@ -13,12 +13,26 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from node.cli import attest, demo, exec, image, jobs, market, node, run, store, testnet
+from node.cli import (
+    attest,
+    demo,
+    exec,
+    image,
+    jobs,
+    market,
+    node,
+    run,
+    status,
+    store,
+    testnet,
+)
 from node.cli.parser import CxParser, parse
 
 __all__ = ["main"]
 
-_GROUPS: tuple[Any, ...] = (testnet, node, demo, attest, image, store, exec, run, jobs, market)
+_GROUPS: tuple[Any, ...] = (
+    testnet, node, status, demo, attest, image, store, exec, run, jobs, market
+)  # fmt: skip
 
 
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that went away

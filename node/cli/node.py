@@ -10,9 +10,17 @@ from typing import Any
 
 import trio
 
-from node.cli.common import add_common, cpu, parse_credits, print_json, size_bytes
+from node.cli.common import add_common, cpu, credits, parse_credits, print_json, size_bytes
 from node.storage.db import DamagedDatabase
-from node.storage.home import DEFAULT_LISTEN, Home, HomeError, NodeConfig, ProviderConfig, init_home
+from node.storage.home import (
+    DEFAULT_LISTEN,
+    DEFAULT_PRICES,
+    Home,
+    HomeError,
+    NodeConfig,
+    ProviderConfig,
+    init_home,
+)
 from node.storage.image import host_arch
 from protocol.messages import Arch, Prices, Resources
 
@@ -30,7 +38,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         epilog=(
             "examples:\n"
             "  cx init\n"
-            "  cx init --provider --cpu 4 --memory 8G --price 0.09 --region eu\n"
+            "  cx init --provider --cpu 4 --memory 8Gi --price 1 --region eu\n"
             "  cx init --home /tmp/b --bootstrap /ip4/127.0.0.1/tcp/4001/p2p/12D3Koo..."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -79,22 +87,39 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     )
     sell = init.add_argument_group("provider")
     sell.add_argument("--provider", action="store_true", help="offer this machine's capacity")
-    sell.add_argument("--cpu", type=cpu, default=2000, help="cores to sell (default 2)")
     sell.add_argument(
-        "--memory", type=size_bytes, default=2 * GIB, help="memory to sell (default 2G)"
+        "--cpu", "--cpus", type=cpu, default=2000, help="cores to sell, e.g. 4 (default 2)"
     )
-    sell.add_argument("--disk", type=size_bytes, default=4 * GIB, help="disk to sell (default 4G)")
+    sell.add_argument(
+        "-m",
+        "--memory",
+        type=size_bytes,
+        default=2 * GIB,
+        help="memory to sell, e.g. 8Gi or 8G (default 2Gi)",
+    )
+    sell.add_argument(
+        "--disk", type=size_bytes, default=4 * GIB, help="disk to sell, e.g. 20Gi (default 4Gi)"
+    )
     sell.add_argument(
         "--price",
         type=parse_credits,
-        default=90_000_000,
-        help="credits per core-hour of CPU (default 90)",
+        default=DEFAULT_PRICES.cpu_core_hour,
+        metavar="CREDITS",
+        help=f"credits per core-hour of CPU (default {credits(DEFAULT_PRICES.cpu_core_hour)})",
     )
     sell.add_argument(
         "--memory-price",
         type=parse_credits,
-        default=9_000_000,
-        help="credits per GiB-hour of memory (default 9)",
+        default=DEFAULT_PRICES.memory_gib_hour,
+        metavar="CREDITS",
+        help=f"credits per GiB-hour of memory (default {credits(DEFAULT_PRICES.memory_gib_hour)})",
+    )
+    sell.add_argument(
+        "--disk-price",
+        type=parse_credits,
+        default=DEFAULT_PRICES.disk_gib_hour,
+        metavar="CREDITS",
+        help=f"credits per GiB-hour of disk (default {credits(DEFAULT_PRICES.disk_gib_hour)})",
     )
     sell.add_argument("--region", default="", help="region label buyers can ask for")
     sell.add_argument(
@@ -140,7 +165,11 @@ def _init(args: argparse.Namespace) -> int:
     if args.provider:
         provider = ProviderConfig(
             capacity=Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk),
-            prices=Prices(cpu_core_hour=args.price, memory_gib_hour=args.memory_price),
+            prices=Prices(
+                cpu_core_hour=args.price,
+                memory_gib_hour=args.memory_price,
+                disk_gib_hour=args.disk_price,
+            ),
             arch=Arch(args.arch),
             region=args.region,
             tpm=args.tpm or args.tcti is not None,

@@ -53,7 +53,7 @@ _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 _EPILOG = """\
 examples:
   cx run --max-price 1.5 busybox -- echo hello
-  cx run --cpu 0.5 --memory 128M --timeout 10m --max-price 2 \\
+  cx run --cpu 0.5 --memory 128Mi --timeout 10m --max-price 2 \\
          --input data.csv:/in/data.csv --output ./out \\
          busybox -- sh -c 'wc -l < /in/data.csv > /out/count'
   cx run --detach --name train --preemptible --checkpoint-path /ckpt \\

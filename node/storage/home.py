@@ -43,6 +43,8 @@ from protocol.pricing import (
 )
 
 __all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_PRICES",
     "Home",
     "HomeError",
     "MachineCost",
@@ -54,6 +56,10 @@ __all__ = [
 ]
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+# What `cx init --provider` asks unless told otherwise (micro-credits): priced so that a
+# buyer's `cx run --max-price 1.5` with its defaults (memory and disk caps at the same
+# figure) trades with it out of the box.
+DEFAULT_PRICES = Prices(cpu_core_hour=1_000_000, memory_gib_hour=100_000, disk_gib_hour=10_000)
 LEGACY_KEY_SIZE = 32  # cx 0.1 stored the bare seed
 
 
