@@ -42,6 +42,7 @@ from node.market.remote import resolve_remote
 from node.market.reputation import Reputation
 from node.market.request import JobRequest, parse_request, resolve
 from node.market.score_check import ScoreCheck, ScoreCheckError, check_score
+from node.net.ports import busy_ports
 from node.net.transport import Network, NetworkError
 from node.storage import transfer
 from node.storage.db import Database, JobRow
@@ -324,12 +325,20 @@ async def serve_peer(
     ``timings`` to production values, ``executor`` (used only if the home offers capacity)
     to real OCI containers.
 
-    Raises HomeError for a missing or bad home.
+    Raises HomeError for a missing or bad home, one another node holds, or ports of its
+    config that another program holds.
     """
     home = root if isinstance(root, Home) else Home(root)
     key, config = home.key(), home.config()
-    clock = clock or Clock()
-    db = Database(home.db_path)
+    held = home.lock()  # one node per home: one key, one node.db, one api.json
+    try:
+        if network is None and (busy := busy_ports(config.listen, config.api_port)):
+            raise HomeError("\n".join(busy))
+        clock = clock or Clock()
+        db = Database(home.db_path)
+    except BaseException:
+        held.release()
+        raise
     store = BlobStore(home.store_root, budget_bytes=config.store_budget_bytes)
     trader = Trader(key)
     for entry, _ in db.ledger():
@@ -388,6 +397,7 @@ async def serve_peer(
             task_status.started(Peer(home, config, key, market, buyer, provider))
     finally:
         db.close()
+        held.release()
 
 
 async def _libp2p(

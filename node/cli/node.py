@@ -11,6 +11,7 @@ from typing import Any
 import trio
 
 from node.cli.common import add_common, cpu, credits, parse_credits, print_json, size_bytes
+from node.storage.config_check import host_shortfall
 from node.storage.db import DamagedDatabase
 from node.storage.home import (
     DEFAULT_LISTEN,
@@ -185,6 +186,7 @@ def _init(args: argparse.Namespace) -> int:
         ek_roots=tuple(str(p) for p in args.ek_root),
         provider=provider,
     )
+    _warn_beyond_host("cx init", config)
     try:
         home = init_home(args.home.expanduser(), config, force=args.force)
         peer_id = home.key().peer_id
@@ -204,14 +206,22 @@ def _node(args: argparse.Namespace) -> int:
     logging.getLogger().setLevel(min(logging.getLogger().level, logging.INFO))
     home = Home(args.home.expanduser())
     try:
+        _warn_beyond_host("cx node", home.config())
         trio.run(_serve, home, tuple(args.bootstrap))
     except (HomeError, DamagedDatabase, BaseExceptionGroup) as exc:
         refusal = start_refusal(exc)
         if refusal is None:
             raise
-        print(f"cx node: {refusal}", file=sys.stderr)
+        for line in str(refusal).splitlines():  # one line per problem, each saying whose
+            print(f"cx node: {line}", file=sys.stderr)
         return 1
     return 0
+
+
+def _warn_beyond_host(name: str, config: NodeConfig) -> None:
+    if config.provider is not None:
+        for line in host_shortfall(config.provider.capacity):
+            print(f"{name}: warning: this provider {line}", file=sys.stderr)
 
 
 def start_refusal(exc: BaseException) -> BaseException | None:

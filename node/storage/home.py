@@ -21,12 +21,14 @@ Errors: :class:`HomeError` says what is wrong with the directory and how to fix 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tomllib
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
+from node.storage.config_check import config_problems
 from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
 from protocol.messages import Arch, Prices, Resources, TrustLevel
@@ -47,6 +49,7 @@ __all__ = [
     "DEFAULT_PRICES",
     "Home",
     "HomeError",
+    "HomeLock",
     "MachineCost",
     "NodeConfig",
     "ProviderConfig",
@@ -217,6 +220,31 @@ class Home:
                 "identity"
             ) from None
 
+    def lock(self) -> HomeLock:
+        """Hold this home for one running node until :meth:`HomeLock.release` (or the
+        process ends, even by ``kill -9``: the kernel drops the lock with the file).
+
+        Raises:
+            HomeError: another process holds it; the message names its pid.
+        """
+        path = self.root / "lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise HomeError(f"cannot open {path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise HomeError(
+                f"{self.root} is in use by another node (pid {holder}); stop that one first, "
+                "or give this one another --home"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return HomeLock(fd)
+
     def convert_legacy_key(self) -> PrivateKey:
         """Rewrite a cx 0.1 key file (a bare 32-byte seed) in the checked form.
 
@@ -237,16 +265,37 @@ class Home:
         try:
             text = self.config_path.read_text()
         except FileNotFoundError:
-            raise HomeError(f"{self.root} has no config.toml; run `cx init`") from None
+            raise HomeError(
+                f"{self.root} has no config.toml; make it a node's home with "
+                f"`cx init --home {self.root}`"
+            ) from None
         try:
-            return _parse(tomllib.loads(text))
-        except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise HomeError(f"{self.config_path}: {exc}") from None
+        if problems := config_problems(doc):
+            raise HomeError("\n".join(f"{self.config_path}: {p}" for p in problems))
+        try:
+            return _parse(doc)
+        except (KeyError, TypeError, ValueError) as exc:
             raise HomeError(f"{self.config_path}: {exc}") from exc
 
     def save_config(self, config: NodeConfig) -> None:
         tmp = self.config_path.with_suffix(".tmp")
         tmp.write_text(_render(config))
         os.replace(tmp, self.config_path)
+
+
+@dataclass(slots=True)
+class HomeLock:
+    """A home held by this process (:meth:`Home.lock`)."""
+
+    fd: int | None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the only descriptor drops the flock
+            self.fd = None
 
 
 def init_home(root: Path, config: NodeConfig, *, force: bool = False) -> Home:
