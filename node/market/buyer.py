@@ -440,7 +440,8 @@ class Buyer:
             self._event(
                 job_id,
                 "agreed",
-                f"with {PublicKey(terms.provider).peer_id}, max cost {terms.max_cost}",
+                f"with {PublicKey(terms.provider).peer_id}, "
+                f"max cost {credits(terms.max_cost)} credits",
             )
         self._follow(agreement)
 
@@ -590,7 +591,8 @@ class Buyer:
     def _record_outcome(self, job_id: str, receipt: UsageReceipt) -> None:
         job = self._row(job_id)
         if not self._current(job_id, receipt.agreement_id):
-            self._event(job_id, job.state, f"late receipt settled: paid {receipt.cost}")
+            paid = f"paid {credits(receipt.cost)} credits"
+            self._event(job_id, job.state, f"late receipt settled: {paid}")
             return
         self.db.update_job(
             job_id,
@@ -601,7 +603,8 @@ class Buyer:
             logs=_refs(receipt.logs),
             checkpoint=receipt.checkpoint,
         )
-        self._event(job_id, "settled", f"receipt countersigned: paid {receipt.cost}")
+        paid = f"paid {credits(receipt.cost)} credits"
+        self._event(job_id, "settled", f"receipt countersigned: {paid}")
         if receipt.exit_reason not in _RETRY:
             self.vault.forget(job_id)
         state = END_STATE[receipt.exit_reason].value
