@@ -176,24 +176,11 @@ def _why(args: argparse.Namespace) -> int:
 
 
 def render_why(job: str, why: Json) -> str:
+    """The node's explanation (protocol/explain.py: counts per constraint, then what to
+    change, prices compared per unit as matching does), said once. Before: a second list
+    of the same counts, and a sentence comparing a whole-job total with a unit limit."""
     seen = why.get("offers_seen", 0)
     lines = [f"job {job} is {why.get('state', '?')}; its bid has seen {seen} offer(s)."]
-    ruled = {k: n for k, n in (why.get("ruled_out") or {}).items() if n}
-    if ruled:
-        width = max(len(k) for k in ruled)
-        lines.append("ruled out by:")
-        lines += [
-            f"  {k:<{width}}  {n} offer(s)" for k, n in sorted(ruled.items(), key=lambda kv: -kv[1])
-        ]
-    best = why.get("best_price")
-    limit = credits(why.get("limit"))
-    if best is None:
-        lines.append(f"no offer fits apart from price; your limit is {limit} credits.")
-    else:
-        lines.append(
-            f"the cheapest offer that fits otherwise would cost {credits(best)} credits; "
-            f"your limit is {limit} credits."
-        )
     if why.get("explanation"):
         lines.append(why["explanation"])
     return "\n".join(lines)

@@ -429,7 +429,9 @@ def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> in
 
 
 def _give_up(api: ApiClient, job_id: str) -> bool:
-    """Cancel an unmatched job; False when it matched meanwhile (409) and runs on."""
+    """Cancel an unmatched job, saying why nothing took it; False when it matched
+    meanwhile (409) and runs on."""
+    why = api.why(job_id).get("explanation")  # asked first: the bid is withdrawn after
     try:
         api.cancel(job_id)
     except ApiError as exc:
@@ -437,6 +439,8 @@ def _give_up(api: ApiClient, job_id: str) -> bool:
             return False
         raise
     print(f"cx run: no provider took job {job_id} in time; cancelled it", file=sys.stderr)
+    if why:
+        print(f"cx run: {why}", file=sys.stderr)
     return True
 
 

@@ -134,7 +134,8 @@ class FakeController:
             "ruled_out": {"price": 3, "region": 1, "arch": 0},
             "best_price": 1_250_000,
             "limit": 1_000_000,
-            "explanation": "raise --max-price above 1.25 to match the cheapest offer",
+            "explanation": "none of 4 offers fits (price rules out 3, region rules out 1): "
+            "CPU costs at least 1.25 credits per core-hour, your limit is 1.00",
         }
 
     async def logs(self, job_id: str) -> dict:

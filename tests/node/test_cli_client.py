@@ -112,12 +112,8 @@ async def test_logs_get_why_cancel(node, cx, tmp_path):
     assert code == 0
     assert out.splitlines() == [
         "job aaaa0001 is waiting; its bid has seen 4 offer(s).",
-        "ruled out by:",
-        "  price   3 offer(s)",
-        "  region  1 offer(s)",
-        "the cheapest offer that fits otherwise would cost 1.25 credits; your limit is 1.00 "
-        "credits.",
-        "raise --max-price above 1.25 to match the cheapest offer",
+        "none of 4 offers fits (price rules out 3, region rules out 1): "
+        "CPU costs at least 1.25 credits per core-hour, your limit is 1.00",
     ]
     code, out, _ = await cx("why", "--json", "aaaa0001")
     assert json.loads(out)["ruled_out"] == {"price": 3, "region": 1, "arch": 0}

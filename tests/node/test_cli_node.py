@@ -1,0 +1,90 @@
+"""The cx commands as a user types them, against a real node: a buyer (serve_peer with its
+control API on loopback) and a provider running real containers, on the in-memory network
+(tests/node/market_support.py). The CLI runs in a worker thread, as it would in a shell."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+import trio
+from market_support import Cluster, Node, cluster, market, until
+
+from node.api.controller import serve_control
+from node.cli import main
+
+pytestmark = pytest.mark.integration
+
+ASK = 1_000_000  # the provider's price per core-hour: 1 credit
+
+
+class Cx:
+    def __init__(self, node: Node, capsys: pytest.CaptureFixture[str]) -> None:
+        self.node = node
+        self.capsys = capsys
+
+    async def __call__(self, command: str, *argv: str) -> tuple[int, str, str]:
+        """``cx COMMAND --home HOME ARGV...``: its exit status, stdout and stderr."""
+        self.capsys.readouterr()
+        home = ["--home", str(self.node.home.root)]
+        code = await trio.to_thread.run_sync(main, [command, *home, *argv])
+        out, err = self.capsys.readouterr()
+        return code, out, err
+
+
+async def trading(c: Cluster) -> tuple[Node, Node]:
+    """A provider (2 cores, 1 GiB, 1 credit/core-hour) and a buyer that sees its offer and
+    serves its control API."""
+    provider = await c.provider("provider", price=ASK)
+    buyer = await c.buyer("buyer")
+    await buyer.peer.join(provider.addr)
+    await until(lambda: market(buyer)["offers"] == 1, buyer)
+    await c.nursery.start(serve_control, buyer.peer)
+    return provider, buyer
+
+
+async def test_a_job_that_cannot_match_is_explained_per_unit_and_once(image_layout, capsys):
+    async with cluster(image_layout) as c:
+        _, buyer = await trading(c)
+        cx = Cx(buyer, capsys)
+
+        # --wait-match expiry says why, not only "in time". Before: nothing more.
+        code, _, err = await cx(
+            "run", "--max-price", "0.01", "--max-memory-price", "100", "--wait-match", "1s",
+            c.image, "--", "true",
+        )  # fmt: skip
+        assert code == 2, err
+        assert "no provider took job" in err
+        assert "CPU costs at least 1.00 credits per core-hour, your limit is 0.01" in err
+
+        # A capacity no offer has is named as such. Before: "no offer fits apart from price".
+        code, _, err = await cx(
+            "run", "--max-price", "100", "--cpus", "64", "--wait-match", "1s", c.image, "true"
+        )
+        assert code == 2, err
+        assert "CPU: 64 cores asked, 2 cores free at most" in err
+
+        # cx why says it once, per unit. Before: a second list of the counts and a total
+        # ("would cost 2.34 credits") compared with a per-unit limit.
+        code, out, _ = await cx("run", "--detach", "--max-price", "0.01", c.image, "true")
+        job = out.strip()
+        code, out, _ = await cx("why", job)
+        assert code == 0
+        assert out.count("price rules out 1") == 1, out
+        assert "would cost" not in out
+        assert "your limit is 0.01" in out
+
+
+async def test_progress_and_summary_speak_credits(image_layout, capsys):
+    async with cluster(image_layout) as c:
+        _, buyer = await trading(c)
+        cx = Cx(buyer, capsys)
+        code, out, err = await cx(
+            "run", "--max-price", "1.5", "--max-memory-price", "10", "--wait-match", "30s",
+            c.image, "--", "echo", "hi",
+        )  # fmt: skip
+        assert (code, out) == (0, "hi\n"), err
+        # Before: "max cost 1170000" (micro-credits) in the progress.
+        agreed = next(line for line in err.splitlines() if " agreed " in line)
+        assert re.search(r"max cost \d+\.\d+ credits$", agreed), agreed
+        assert re.search(r"cost \d+\.\d+ credits$", err.splitlines()[-1]), err
