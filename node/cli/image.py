@@ -10,12 +10,11 @@ Exit status: 0 done (the manifest digest alone on stdout for build-rootfs and im
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from node.cli.common import add_common
+from node.cli.common import add_common, print_json, table
 from node.storage.image import (
     ImageError,
     RootfsCache,
@@ -24,6 +23,7 @@ from node.storage.image import (
     list_images,
 )
 from node.storage.store import BlobStore
+from protocol.units import size
 
 __all__ = ["register", "resolve_image"]
 
@@ -105,25 +105,24 @@ def _import(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     images = list_images(_store(args))
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "manifest": i.manifest,
-                        "names": list(i.names),
-                        "size": i.size,
-                        "layers": len(i.layers),
-                        "arch": i.arch,
-                    }
-                    for i in images
-                ]
-            )
+        print_json(
+            [
+                {
+                    "manifest": i.manifest,
+                    "names": list(i.names),
+                    "size": i.size,
+                    "layers": len(i.layers),
+                    "arch": i.arch,
+                }
+                for i in images
+            ]
         )
         return 0
-    print(f"{'MANIFEST':<25} {'NAMES':<24} {'LAYERS':>6} {'SIZE':>10} ARCH")
-    for i in images:
-        names = ",".join(i.names) or "-"
-        print(f"{i.manifest[:25]} {names:<24} {len(i.layers):>6} {i.size / 1e6:>8.1f}MB {i.arch}")
+    rows = [
+        (i.manifest[7:19], ",".join(i.names) or "-", len(i.layers), size(i.size), i.arch)
+        for i in images
+    ]
+    print(table(("IMAGE ID", "NAMES", "LAYERS", "SIZE", "ARCH"), rows, right=(2, 3)))
     return 0
 
 
@@ -143,9 +142,21 @@ def resolve_image(store: BlobStore, name: str) -> str:
     """
     images = list_images(store)
     full = name if name.startswith("sha256:") else "sha256:" + name
-    matches = [i.manifest for i in images if name in i.names or i.manifest.startswith(full)]
+    also = name.removesuffix(":latest")  # docker's default tag: `busybox:latest` is `busybox`
+    matches = [
+        i.manifest
+        for i in images
+        if name in i.names or also in i.names or i.manifest.startswith(full)
+    ]
     if len(set(matches)) == 1:
         return matches[0]
-    if not matches:
-        raise ImageError(f"no imported image matches {name!r}: see cx image ls")
-    raise ImageError(f"{name!r} matches {len(set(matches))} images: give more of the digest")
+    if matches:
+        raise ImageError(f"{name!r} matches {len(set(matches))} images: give more of the digest")
+    if name.startswith(("/", "./", "../")) or name.endswith(".tar"):
+        raise ImageError(f"{name} does not exist (no such file or directory)")
+    known = sorted({n for i in images for n in i.names})
+    held = f"the store holds {', '.join(known[:6])}" if known else "no image is imported yet"
+    raise ImageError(
+        f"no imported image is named {name!r} ({held}); import one with "
+        "`cx image import PATH`, or see cx image ls"
+    )

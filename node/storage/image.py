@@ -276,7 +276,12 @@ def _tar_source(path: Path) -> Iterator[_Source]:
     try:
         tar = tarfile.open(path, "r:*")  # noqa: SIM115 - closed below
     except (tarfile.TarError, OSError) as exc:
-        raise ImageError(f"{path} is neither an image layout directory nor a tar: {exc}") from exc
+        # tarfile's own message lists every compression it tried, over several lines.
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a tar archive"
+        raise ImageError(
+            f"{path} is not an image: neither an OCI layout directory nor an OCI or "
+            f"`docker save` archive ({why})"
+        ) from exc
     with tar:
         members = {m.name.removeprefix("./"): m for m in tar.getmembers() if m.isfile()}
 
@@ -412,9 +417,23 @@ def record_image(
     info = ImportedImage(
         manifest=m_digest, config=config, layers=layers, size=size, arch=arch, names=names
     )
+    _untag_others(meta, m_digest, names)
     (meta / f"{m_digest[7:]}.json").write_bytes(_json_bytes(dataclasses.asdict(info)))
     log.info("imported image %s (%d layers, %d bytes)", m_digest, len(layers), size)
     return info
+
+
+def _untag_others(meta: Path, m_digest: str, names: tuple[str, ...]) -> None:
+    """A name belongs to one image, the latest imported under it (``docker tag`` moves a
+    tag the same way); the image it leaves keeps its digest and other names."""
+    for path in meta.glob("*.json"):
+        if path.stem == m_digest[7:] or not names:
+            continue
+        d = json.loads(path.read_bytes())
+        kept = [n for n in d.get("names", []) if n not in names]
+        if kept != d.get("names", []):
+            d["names"] = kept
+            path.write_bytes(_json_bytes(d))
 
 
 def _import_docker(store: BlobStore, src: _Source, ref: str | None, arch: str) -> ImportedImage:

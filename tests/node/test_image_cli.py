@@ -4,11 +4,14 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from executor_support import mounts_under, searchable_dir
 
 from node.cli import main
+from node.cli.image import resolve_image
+from node.storage.store import BlobStore
 
 
 @pytest.fixture
@@ -96,3 +99,50 @@ def test_relative_home(busybox_home, capsys, monkeypatch):
     result = json.loads(capsys.readouterr().out)
     assert code == 0, result
     assert [o["path"] for o in result["outputs"]] == ["/out/x"]
+
+
+def test_a_tag_moves_to_the_image_imported_last_and_docker_names_resolve(home, capsys):
+    # Before: importing under a tag again left two images with one name, and
+    # `busybox:latest` matched nothing.
+    h = ["--home", str(home)]
+    other = home / "busybox-other"
+    other.write_bytes(Path("/bin/busybox").read_bytes() + b"\0")  # another image, same tag
+    other.chmod(0o755)
+    digests = []
+    for layout, busybox in (("one", "/bin/busybox"), ("two", str(other))):
+        assert main(["image", "build-rootfs", str(home / layout), "--busybox", busybox]) == 0
+        digests.append(capsys.readouterr().out.strip())
+        assert main(["image", "import", str(home / layout), *h]) == 0
+        assert capsys.readouterr().out.strip() == digests[-1]
+    assert main(["image", "ls", "--json", *h]) == 0
+    names = {i["manifest"]: i["names"] for i in json.loads(capsys.readouterr().out)}
+    assert names == {digests[0]: [], digests[1]: ["busybox"]}
+    store = BlobStore(home / "store")
+    assert resolve_image(store, "busybox:latest") == digests[1]
+    assert resolve_image(store, digests[0][7:19]) == digests[0]  # the IMAGE ID cx image ls shows
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ("exec", "nosuch:latest", "true"),
+            "no imported image is named 'nosuch:latest' (no image is imported yet); "
+            "import one with `cx image import PATH`",
+        ),
+        (("exec", "./missing-layout", "true"), "./missing-layout does not exist"),
+        (
+            ("image", "import", "{home}/notes.txt"),
+            "is not an image: neither an OCI layout directory nor an OCI or `docker save` "
+            "archive (not a tar archive)",
+        ),
+    ],
+)
+def test_what_is_not_an_image_is_said_in_one_line(home, capsys, argv, says):
+    # Before: a wrong path read "no imported image matches", a text file dumped tarfile's
+    # four-line list of the compressions it tried.
+    (home / "notes.txt").write_text("not an image\n")
+    argv = [a.format(home=home) for a in argv]
+    assert main([*argv[:2], "--home", str(home), *argv[2:]]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert says in line
