@@ -44,6 +44,10 @@ class BlobRef(_View):
 class JobView(_View):
     id: str
     name: str | None
+    image: str  # as the request named it: a digest, a registry reference
+    command: list[str]
+    cpu_milli: int
+    memory_bytes: int
     state: str  # node.market.buyer.JOB_STATES
     detail: str
     created_ms: int

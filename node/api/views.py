@@ -7,6 +7,7 @@ schema); nothing here reads state or has effects.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable
 from typing import Any
 
@@ -28,9 +29,14 @@ Json = dict[str, Any]
 
 
 def job(row: JobRow) -> Json:
+    asked = json.loads(row.request)  # what the user asked for, as node/market/request.py wrote it
     return {
         "id": row.id,
         "name": row.name,
+        "image": asked.get("image", ""),
+        "command": list(asked.get("command", ())),
+        "cpu_milli": asked.get("cpu_milli", 0),
+        "memory_bytes": asked.get("memory_bytes", 0),
         "state": row.state,
         "detail": row.detail,
         "created_ms": row.created_ms,

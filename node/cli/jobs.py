@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 from node.cli.common import add_common, age, client, credits, print_json, short_peer, table, talk
+from protocol.units import cores, size
 
 __all__ = ["register"]
 
@@ -98,6 +99,9 @@ def render_jobs(jobs: list[Json], now_ms: int | None = None) -> str:
             j["id"],
             j.get("name") or "-",
             j["state"],
+            _short_image(j.get("image", "")),
+            _short_command(j.get("command") or []),
+            _resources(j),
             short_peer(j.get("provider")),
             j.get("attempts", 0),
             credits(j.get("cost")),
@@ -105,8 +109,29 @@ def render_jobs(jobs: list[Json], now_ms: int | None = None) -> str:
         )
         for j in jobs
     ]
-    headers = ("ID", "NAME", "STATE", "PROVIDER", "ATTEMPTS", "COST", "AGE")
-    return table(headers, rows, right=(4, 5, 6))
+    headers = (
+        "ID", "NAME", "STATE", "IMAGE", "COMMAND", "CPU/MEMORY", "PROVIDER", "ATTEMPTS", "COST",
+        "AGE",
+    )  # fmt: skip
+    return table(headers, rows, right=(7, 8, 9))
+
+
+def _short_image(image: str) -> str:
+    """A digest as its first 12 hex digits (as docker shows image ids); a registry
+    reference as its repository."""
+    if image.startswith("sha256:"):
+        return image[7:19]
+    return image.split("@")[0].rsplit("/", 1)[-1] or "-"
+
+
+def _short_command(command: list[str], width: int = 24) -> str:
+    text = " ".join(command) or "-"
+    return text if len(text) <= width else text[: width - 2] + ".."
+
+
+def _resources(job: Json) -> str:
+    cpu = cores(job.get("cpu_milli", 0)).split()[0]
+    return f"{cpu}/{size(job.get('memory_bytes', 0)).replace(' ', '')}"
 
 
 def render_job(job: Json, now_ms: int | None = None) -> str:
@@ -117,6 +142,9 @@ def render_job(job: Json, now_ms: int | None = None) -> str:
     fields = [
         ("id", job["id"]),
         ("name", job.get("name") or "-"),
+        ("image", job.get("image") or "-"),
+        ("command", " ".join(job.get("command") or []) or "-"),
+        ("resources", _resources(job)),
         ("state", " - ".join(x for x in (job["state"], job.get("detail")) if x)),
         ("provider", job.get("provider") or "-"),
         ("attempts", job.get("attempts", 0)),

@@ -21,6 +21,10 @@ def job_view(job_id: str, **fields) -> dict:
     view = {
         "id": job_id,
         "name": None,
+        "image": "sha256:" + "ab" * 32,
+        "command": ["echo", "hi"],
+        "cpu_milli": 500,
+        "memory_bytes": 128 << 20,
         "state": "waiting",
         "detail": "",
         "created_ms": NOW_MS,
@@ -235,13 +239,21 @@ class FakeController:
             "balance": -1_500_000,
             "entries": [
                 {
+                    "agreement_id": "ag9999999999ffff0000",
+                    "at_ms": NOW_MS - 60_000,
+                    "payer": "12D3KooWBuyer",
+                    "payee": PEER_A,
+                    "amount": 0,
+                    "role": "buyer",
+                },
+                {
                     "agreement_id": "ag0123456789abcdef0123",
                     "at_ms": NOW_MS,
                     "payer": "12D3KooWBuyer",
                     "payee": PEER_A,
                     "amount": 1_500_000,
                     "role": "buyer",
-                }
+                },
             ],
         }
 

@@ -72,9 +72,26 @@ async def test_jobs_table_json_and_detail(node, cx):
     code, out, _ = await cx("jobs")
     assert code == 0
     header, first, second = out.splitlines()
-    assert header.split() == ["ID", "NAME", "STATE", "PROVIDER", "ATTEMPTS", "COST", "AGE"]
-    assert first.split()[:6] == ["bbbb0002", "-", "settled", f"..{PEER_A[-8:]}", "1", "1.50"]
-    assert second.split()[:6] == ["aaaa0001", "first", "waiting", "-", "0", "-"]
+    assert header.split() == [
+        "ID", "NAME", "STATE", "IMAGE", "COMMAND", "CPU/MEMORY", "PROVIDER", "ATTEMPTS", "COST",
+        "AGE",
+    ]  # fmt: skip
+    # What ran where, as docker ps shows it. Before: no image, command or resources.
+    assert first.split()[:10] == [
+        "bbbb0002", "-", "settled", "abababababab", "echo", "hi", "0.5/128MiB", f"..{PEER_A[-8:]}",
+        "1", "1.50",
+    ]  # fmt: skip
+    assert second.split()[:9] == [
+        "aaaa0001",
+        "first",
+        "waiting",
+        "abababababab",
+        "echo",
+        "hi",
+        "0.5/128MiB",
+        "-",
+        "0",
+    ]
     # Columns line up: every row's STATE starts where the header's does.
     rows = zip(out.splitlines(), ("STATE", "settled", "waiting"), strict=True)
     assert {line.index(state) for line, state in rows} == {header.index("STATE")}
@@ -150,7 +167,9 @@ async def test_market_ledger_peers(node, cx):
     code, out, _ = await cx("ledger")
     assert code == 0
     assert out.splitlines()[0] == "balance: -1.50 credits"
-    assert out.splitlines()[-1].split()[1:] == [
+    # Newest first, as cx jobs. Before: oldest first.
+    assert out.splitlines()[-1].split()[1] == "ag9999999999ffff"
+    assert out.splitlines()[-2].split()[1:] == [
         "ag0123456789abcd",
         "buyer",
         "..ooWBuyer",
@@ -163,8 +182,11 @@ async def test_market_ledger_peers(node, cx):
     code, out, _ = await cx("peers")
     assert code == 0
     assert out.splitlines()[0].split() == ["PEER", "SCORE", "REPUTATION", "ADDRESS"]
-    assert out.splitlines()[1].split() == [PEER_A, "12.5", "439320", "/ip4/10.0.0.2/tcp/4001"]
-    assert out.splitlines()[2].split() == ["12D3KooWOther", "-3", "0", "-"]
+    # Peer ids as every table shows them (whole in --json). Before: whole here, cut elsewhere.
+    assert out.splitlines()[1].split() == [
+        f"..{PEER_A[-8:]}", "12.5", "439320", "/ip4/10.0.0.2/tcp/4001"
+    ]  # fmt: skip
+    assert out.splitlines()[2].split() == ["..ooWOther", "-3", "0", "-"]
     code, out, _ = await cx("peers", "--json")
     assert len(json.loads(out)) == 2
 
