@@ -21,7 +21,7 @@ import trio
 from node.cli.common import add_common, cpu, duration_ms, size_bytes
 from node.cli.image import resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
-from node.storage.image import ImageError
+from node.storage.image import ImageError, image_command, image_config
 from node.storage.registry import (
     Login,
     RegistryError,
@@ -65,7 +65,10 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="a name or digest from cx image ls, or HOST[:PORT]/REPO@sha256:...",
     )
     p.add_argument(
-        "command", nargs=argparse.REMAINDER, help="command and arguments (options go before IMAGE)"
+        "command",
+        nargs=argparse.REMAINDER,
+        help="command and arguments (options go before IMAGE); default the image's CMD, "
+        "after its ENTRYPOINT, as docker run does",
     )
     p.add_argument("--cpu", "--cpus", type=cpu, default=1000,
                    help="cores (1.5) or millicores (500m); default 1")  # fmt: skip
@@ -101,10 +104,6 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
 
 def _run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        print("cx exec: give a command after the image, e.g. cx exec busybox -- echo hi",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_INPUT
     try:
         return trio.run(_exec, args, tuple(command))
     except OutOfBounds as exc:  # say which option
@@ -118,7 +117,9 @@ def _run(args: argparse.Namespace) -> int:
 async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     resources = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
     store = BlobStore(args.home / "store")
-    spec = _job(args, store, command, await _image(args.image, store))
+    image = await _image(args.image, store)
+    command = image_command(image_config(store, image), command)  # as docker run does
+    spec = _job(args, store, command, image)
     checkpoint = None
     if args.checkpoint_dir or args.resume:
         checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)

@@ -37,7 +37,7 @@ from node.cli.image import resolve_image
 from node.market.buyer import FINAL_STATES
 from node.market.request import JobRequest, RequestError, build_request
 from node.storage.fetching import FetchError
-from node.storage.image import ImageError
+from node.storage.image import ImageError, image_command, image_config, import_image
 from node.storage.objects import S3Keys, hash_object
 from node.storage.registry import Login, looks_like_registry_ref
 from node.storage.store import BlobStore
@@ -63,8 +63,10 @@ examples:
          registry.example:5000/team/app@sha256:0315... -- sh -c 'wc -l /in/* > /out/n'
 
 IMAGE is a manifest digest (sha256:...), a name or digest prefix from `cx image ls` in the
-node's store, the path of an OCI layout directory or archive, which the node imports, or a
-registry image pinned by digest, HOST[:PORT]/REPO@sha256:..., which the provider pulls.
+node's store, the path of an OCI layout directory or archive, which cx run imports into the
+node's store, or a registry image pinned by digest, HOST[:PORT]/REPO@sha256:..., which the
+provider pulls. Without COMMAND the image's CMD runs; its ENTRYPOINT comes first either way,
+as with docker run (a registry image needs COMMAND: only the provider reads its config).
 A private registry's login comes from CX_REGISTRY_USERNAME and CX_REGISTRY_PASSWORD, S3
 keys from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN); they go sealed to
 the provider that runs the job, and nowhere else.
@@ -102,7 +104,10 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     )
     p.add_argument("image", metavar="IMAGE", help="digest, name in the store, or OCI path")
     p.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run in it"
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="what to run in it; default the image's CMD, after its ENTRYPOINT (docker's rule)",
     )
     need = p.add_argument_group("resources")
     need.add_argument(
@@ -277,9 +282,6 @@ def _request(args: argparse.Namespace) -> JobRequest:
     Raises:
         _Unusable: an option cannot be used as given.
     """
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        raise _Unusable("give a command after IMAGE, e.g. cx run busybox -- echo hello")
     if args.max_price is None:
         raise _Unusable(
             "give --max-price, the most you pay per core-hour in credits (e.g. --max-price "
@@ -299,9 +301,11 @@ def _request(args: argparse.Namespace) -> JobRequest:
         raise _Unusable("--checkpoint-path must be an absolute path in the container")
     same = args.max_price
     inputs = [_input(item) for item in args.input]
+    image = _image(args.image, args.home)
+    args_given = args.command[1:] if args.command[:1] == ["--"] else args.command
     fields = {
-        "image": _image(args.image, args.home),
-        "command": command,
+        "image": image,
+        "command": _command(image, args_given, args.home),
         "env": env,
         "cpu_milli": args.cpu,
         "memory_bytes": args.memory,
@@ -331,6 +335,28 @@ def _request(args: argparse.Namespace) -> JobRequest:
     try:
         return build_request(**fields)
     except RequestError as exc:
+        raise _Unusable(str(exc)) from None
+
+
+def _command(image: str, given: list[str], home: Path) -> list[str]:
+    """What the job runs, as ``docker run`` decides it: the image's ENTRYPOINT, then the
+    command given or else the image's CMD. A registry image's config is known only to the
+    provider that pulls it: there, the command given is all of it.
+
+    Raises:
+        _Unusable: nothing to run.
+    """
+    store = BlobStore(home / "store")
+    if not _DIGEST.fullmatch(image) or not store.has(image):
+        if not given:
+            raise _Unusable(
+                "give a command after IMAGE, e.g. cx run busybox -- echo hello (the "
+                "image's CMD is known only for an image in the node's store or a path)"
+            )
+        return given
+    try:
+        return list(image_command(image_config(store, image), given))
+    except ImageError as exc:
         raise _Unusable(str(exc)) from None
 
 
@@ -378,7 +404,11 @@ def _image(name: str, home: Path) -> str:
         return name  # a registry image is checked with the request, and pulled by the provider
     path = Path(name)
     if path.exists():
-        return str(path.resolve())
+        # Imported here, as the node would, so that its CMD and ENTRYPOINT are known.
+        try:
+            return import_image(BlobStore(home / "store"), path).manifest
+        except ImageError as exc:
+            raise _Unusable(str(exc)) from None
     store = home / "store"
     if (store / "images").is_dir():
         try:

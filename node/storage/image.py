@@ -30,7 +30,7 @@ import platform
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -45,6 +45,7 @@ __all__ = [
     "build_rootfs",
     "busybox_entries",
     "host_arch",
+    "image_command",
     "image_config",
     "import_image",
     "list_images",
@@ -519,6 +520,22 @@ def image_config(store: BlobStore, manifest_digest: str) -> dict[str, Any]:
         raise ImageError(f"image {manifest_digest} is not imported: run cx image import") from exc
     runtime = config.get("config") or {}
     return runtime if isinstance(runtime, dict) else {}
+
+
+def image_command(config: dict[str, Any], args: Sequence[str]) -> tuple[str, ...]:
+    """What runs, as ``docker run IMAGE [ARGS...]`` decides it: the image's Entrypoint,
+    then ``args`` if any were given, else the image's Cmd.
+
+    Raises:
+        ImageError: neither gives anything to run.
+    """
+    entrypoint, cmd = config.get("Entrypoint") or [], config.get("Cmd") or []
+    if not all(isinstance(x, list) for x in (entrypoint, cmd)):
+        raise ImageError("the image's Entrypoint or Cmd is not a list of strings")
+    command = (*entrypoint, *(args or cmd))
+    if not command:
+        raise ImageError("the image names no command (no Entrypoint or Cmd): give one after it")
+    return tuple(str(x) for x in command)
 
 
 # -- unpacking -------------------------------------------------------------------------------

@@ -22,6 +22,7 @@ from node.api.server import serve_api
 from node.cli import main
 from node.cli.common import credits, parse_credits, table
 from node.market.request import build_request
+from node.storage.image import build_rootfs
 from protocol.identity import PrivateKey
 
 DIGEST = "sha256:" + "cd" * 32
@@ -243,11 +244,12 @@ async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path
             "name": "nightly",
         }
     )
-    # An OCI layout given as a relative path travels as an absolute one.
-    (tmp_path / "layout").mkdir()
-    code, _, _ = await cx("run", "-d", "--max-price", "1", str(tmp_path / "layout"), "true")
-    assert code == 0
-    assert fake.submitted[1].image == str(tmp_path / "layout")
+    # An OCI layout is imported into the node's store (so that its CMD and ENTRYPOINT are
+    # known) and travels as its digest.
+    digest = build_rootfs(tmp_path / "layout")
+    code, _, err = await cx("run", "-d", "--max-price", "1", str(tmp_path / "layout"), "true")
+    assert code == 0, err
+    assert (fake.submitted[1].image, fake.submitted[1].command) == (digest, ("true",))
 
 
 async def test_run_follows_the_job_to_success_and_prints_its_stdout(node, cx, tmp_path):

@@ -12,6 +12,7 @@ from market_support import Cluster, Node, cluster, market, until
 
 from node.api.controller import serve_control
 from node.cli import main
+from node.storage.image import busybox_entries, write_layout
 
 pytestmark = pytest.mark.integration
 
@@ -88,3 +89,18 @@ async def test_progress_and_summary_speak_credits(image_layout, capsys):
         agreed = next(line for line in err.splitlines() if " agreed " in line)
         assert re.search(r"max cost \d+\.\d+ credits$", agreed), agreed
         assert re.search(r"cost \d+\.\d+ credits$", err.splitlines()[-1]), err
+
+
+async def test_run_uses_the_images_entrypoint_and_cmd(image_layout, capsys, tmp_path):
+    # Before: "give a command after IMAGE" whatever the image said.
+    layout = tmp_path / "layout"  # cx run imports it into the node's store
+    config = {"Env": ["PATH=/bin"], "Entrypoint": ["/bin/echo", "from"], "Cmd": ["the", "image"]}
+    write_layout(layout, [busybox_entries()], config=config)
+    async with cluster(image_layout) as c:
+        _, buyer = await trading(c)
+        cx = Cx(buyer, capsys)
+        money = ["--max-price", "1.5", "--max-memory-price", "10", "--wait-match", "30s"]
+        code, out, err = await cx("run", *money, str(layout))
+        assert (code, out) == (0, "from the image\n"), err
+        code, out, err = await cx("run", *money, str(layout), "--", "you")
+        assert (code, out) == (0, "from you\n"), err

@@ -11,6 +11,7 @@ from executor_support import mounts_under, searchable_dir
 
 from node.cli import main
 from node.cli.image import resolve_image
+from node.storage.image import ImageError, busybox_entries, image_command, write_layout
 from node.storage.store import BlobStore
 
 
@@ -146,3 +147,28 @@ def test_what_is_not_an_image_is_said_in_one_line(home, capsys, argv, says):
     assert main([*argv[:2], "--home", str(home), *argv[2:]]) == 2
     (line,) = capsys.readouterr().err.splitlines()
     assert says in line
+
+
+def test_the_command_is_the_images_entrypoint_then_the_arguments_or_its_cmd():
+    # docker run's rule. Before: the image's CMD and ENTRYPOINT were ignored.
+    both = {"Entrypoint": ["/bin/echo", "from"], "Cmd": ["the", "image"]}
+    assert image_command(both, []) == ("/bin/echo", "from", "the", "image")
+    assert image_command(both, ["you"]) == ("/bin/echo", "from", "you")
+    assert image_command({"Cmd": ["/bin/sh"]}, ["true"]) == ("true",)
+    assert image_command({"Cmd": ["/bin/sh"]}, []) == ("/bin/sh",)
+    with pytest.raises(ImageError, match="names no command"):
+        image_command({}, [])
+
+
+@pytest.mark.integration
+def test_exec_runs_the_images_own_command(home, capsys):
+    h = ["--home", str(home)]
+    config = {"Env": ["PATH=/bin"], "Entrypoint": ["/bin/echo", "from"], "Cmd": ["the", "image"]}
+    write_layout(home / "layout", [busybox_entries()], config=config, tag="greeter")
+    assert main(["image", "import", str(home / "layout"), *h]) == 0
+    capsys.readouterr()
+    for argv, said in (([], "from the image"), (["--", "you"], "from you")):
+        assert main(["exec", *h, "--json", "greeter", *argv]) == 0
+        result = json.loads(capsys.readouterr().out)
+        stdout = BlobStore(home / "store").read_bytes(result["stdout"]).decode()
+        assert stdout == f"{said}\n"
