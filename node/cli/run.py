@@ -245,6 +245,41 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     add_common(p)
     p.set_defaults(run=_run)
 
+    wait = commands.add_parser(
+        "wait",
+        aliases=["attach"],
+        help="follow a job until it ends, as cx run does (after --detach or Ctrl-C)",
+        description="Follow JOB's progress until it ends, then print its output and exit with "
+        "its status, as cx run does: the way back to a job left with --detach or Ctrl-C.",
+        epilog="exit status: as cx run's (`cx run --help`)",
+    )
+    wait.add_argument(
+        "job", metavar="JOB", help="a job id, or a prefix of one that names one job (see cx jobs)"
+    )
+    wait.add_argument(
+        "--output",
+        type=Path,
+        metavar="DIR",
+        help="when it has ended, fetch its output files into DIR",
+    )
+    add_common(wait)
+    wait.set_defaults(run=_wait)
+
+
+def _wait(args: argparse.Namespace) -> int:
+    try:
+        api = client(args)
+        job = api.job(args.job)
+        return _follow(api, job, args)
+    except KeyboardInterrupt:
+        return 130
+    except ApiError as exc:
+        print(f"cx wait: {exc.message}", file=sys.stderr)
+        return EXIT_CX
+    except ClientError as exc:
+        print(f"cx wait: {exc}", file=sys.stderr)
+        return EXIT_CX
+
 
 def _run(args: argparse.Namespace) -> int:
     try:
@@ -427,8 +462,10 @@ def _image(name: str, home: Path) -> str:
 def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> int:
     """Show the job's states until it ends; print its logs, fetch outputs; its status."""
     job_id = job["id"]
-    print(f"cx run: job {job_id} submitted", file=sys.stderr)
-    deadline = None if args.wait_match is None else time.monotonic() + args.wait_match / 1000
+    if job["state"] == "waiting" and not job.get("attempts"):
+        print(f"cx run: job {job_id} submitted", file=sys.stderr)
+    wait_match = getattr(args, "wait_match", None)
+    deadline = None if wait_match is None else time.monotonic() + wait_match / 1000
     state, after = job["state"], 0
     while state not in FINAL_STATES:
         wait_s = _POLL_S
@@ -453,7 +490,8 @@ def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> in
         here = [f for f in files if "file" in f]
         print(f"cx run: {len(here)} output file(s) in {args.output}", file=sys.stderr)
         if uploaded := len(files) - len(here):
-            print(f"cx run: {uploaded} output(s) uploaded under {args.output_to}", file=sys.stderr)
+            where = getattr(args, "output_to", None) or "the job's output prefix"
+            print(f"cx run: {uploaded} output(s) uploaded under {where}", file=sys.stderr)
     print(f"cx run: {_summary(job)}", file=sys.stderr)
     return exit_status(job)
 

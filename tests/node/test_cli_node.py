@@ -104,3 +104,21 @@ async def test_run_uses_the_images_entrypoint_and_cmd(image_layout, capsys, tmp_
         assert (code, out) == (0, "from the image\n"), err
         code, out, err = await cx("run", *money, str(layout), "--", "you")
         assert (code, out) == (0, "from you\n"), err
+
+
+async def test_wait_and_attach_follow_a_detached_job_to_its_end(image_layout, capsys):
+    # Before: no way back to a job left with --detach or Ctrl-C but polling cx jobs.
+    async with cluster(image_layout) as c:
+        _, buyer = await trading(c)
+        cx = Cx(buyer, capsys)
+        money = ["--max-price", "1.5", "--max-memory-price", "10"]
+        code, out, _ = await cx("run", "--detach", *money, c.image, "--", "sh", "-c", "exit 3")
+        job = out.strip()
+        code, _, err = await cx("wait", job[:6])
+        assert code == 3, err
+        assert "running" in err  # its progress, replayed from the start
+        assert "nonzero-exit (exit code 3)" in err.splitlines()[-1]
+        code, _, err = await cx("attach", job)  # ended already: its summary and status
+        assert code == 3, err
+        code, _, err = await cx("wait", "ffffffff")
+        assert (code, err) == (125, "cx wait: no job with id 'ffffffff'; see `cx jobs`\n")
