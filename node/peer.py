@@ -278,16 +278,26 @@ class Peer:
             written.append(Written(path=ref["path"], file=str(target), size=ref["size"]))
         return written
 
-    async def cancel(self, job_id: str) -> JobRow:
-        """Withdraw a job that is still waiting for a provider.
+    async def cancel(self, job_id: str, *, waiting_only: bool = False) -> JobRow:
+        """Withdraw a job that is still waiting for a provider, or ask its provider to stop
+        it (spec/peer.md rule 13: its receipt says ``stopped``; the time used is paid),
+        unless ``waiting_only``.
 
-        Raises Conflict(``too-late``) when it has been agreed already.
+        Raises Conflict(``too-late``) when it has ended, or its provider cannot be reached.
         """
         job = self.job(job_id)
-        if not await self.buyer.cancel(job.id):
+        if await self.buyer.cancel(job.id):
+            return self.job(job.id)
+        if waiting_only:
+            raise Conflict("too-late", f"job {job.id} is {job.state}; it is no longer waiting")
+        try:
+            stopping = await self.buyer.stop(job.id)
+        except NetworkError as exc:
             raise Conflict(
-                "too-late", f"job {job.id} is {job.state}; only a waiting job can be cancelled"
-            )
+                "too-late", f"job {job.id}: its provider could not be reached to stop it ({exc})"
+            ) from None
+        if not stopping:
+            raise Conflict("too-late", f"job {job.id} has already ended ({job.state})")
         return self.job(job.id)
 
     async def check_score(self, provider: str) -> ScoreCheck:

@@ -118,8 +118,10 @@ class ApiClient:
         """Have the node write the job's outputs under ``dest`` (made absolute here)."""
         return self._list("POST", f"{_job(job_id)}/outputs", {"dest": str(Path(dest).absolute())})
 
-    def cancel(self, job_id: str) -> Json:
-        return self._object("POST", f"{_job(job_id)}/cancel")
+    def cancel(self, job_id: str, *, waiting_only: bool = False) -> Json:
+        """Withdraw a waiting job, or stop a running one unless ``waiting_only``."""
+        query = "?waiting_only=true" if waiting_only else ""
+        return self._object("POST", f"{_job(job_id)}/cancel{query}")
 
     def market(self) -> Json:
         return self._object("GET", "/v1/market")

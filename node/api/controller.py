@@ -104,9 +104,9 @@ class NodeController:
             for w in written
         ]
 
-    async def cancel(self, job_id: str) -> Json:
+    async def cancel(self, job_id: str, *, waiting_only: bool = False) -> Json:
         with _refusals():
-            return views.job(await self.peer.cancel(job_id))
+            return views.job(await self.peer.cancel(job_id, waiting_only=waiting_only))
 
     def market(self) -> Json:
         m = self.peer.market

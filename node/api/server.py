@@ -37,7 +37,7 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
     GET  /v1/jobs/{id}/logs       LogsView
     POST /v1/jobs/{id}/outputs    body {dest: absolute dir on the node's machine}
                                   -> [WrittenView], the files written under dest
-    POST /v1/jobs/{id}/cancel     JobView
+    POST /v1/jobs/{id}/cancel     JobView (?waiting_only=true: never stop a running job)
     POST /v1/providers/{peer}/check-score
                                   ScoreCheckView: the benchmark run on that provider, its
                                   stated and measured work score (waits for the job)
@@ -112,7 +112,7 @@ class Controller(Protocol):
 
     async def outputs(self, job_id: str, dest: str) -> list[Json]: ...
 
-    async def cancel(self, job_id: str) -> Json: ...
+    async def cancel(self, job_id: str, *, waiting_only: bool = False) -> Json: ...
 
     def market(self) -> Json: ...
 
@@ -234,8 +234,8 @@ def _routes(app: FastAPI, c: Controller) -> None:
     @app.post(
         "/v1/jobs/{job_id}/cancel", response_model=models.JobView, response_model_exclude_unset=True
     )
-    async def cancel(job_id: JobId) -> Json:
-        return await c.cancel(job_id)
+    async def cancel(job_id: JobId, waiting_only: bool = False) -> Json:
+        return await c.cancel(job_id, waiting_only=waiting_only)
 
     @app.post("/v1/providers/{peer_id}/check-score", response_model=models.ScoreCheckView)
     async def check_score(

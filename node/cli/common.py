@@ -70,13 +70,15 @@ def talk(
     the exit status above. ``name`` is the command as the user typed it (``cx jobs``)."""
 
     def run(args: argparse.Namespace) -> int:
+        typed = getattr(args, "subcommand", None)  # an alias (cx stop) as the user typed it
+        said = f"cx {typed}" if isinstance(typed, str) else name
         try:
             return action(args)
         except ApiError as exc:
-            print(f"{name}: {exc.message}", file=sys.stderr)
+            print(f"{said}: {exc.message}", file=sys.stderr)
             return EXIT_REFUSED
         except ClientError as exc:
-            print(f"{name}: {exc}", file=sys.stderr)
+            print(f"{said}: {exc}", file=sys.stderr)
             return EXIT_NO_NODE
 
     return run

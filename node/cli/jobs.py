@@ -68,8 +68,12 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
 
     cancel = commands.add_parser(
         "cancel",
-        help="cancel a job that has not been matched yet",
-        description="Cancel JOB while it waits for a match: its bid is withdrawn everywhere.",
+        aliases=["stop"],
+        help="cancel a waiting job, or stop a running one",
+        description="Cancel JOB: while it waits for a match its bid is withdrawn everywhere, "
+        "and nothing is paid; once a provider has it, the provider stops the container "
+        "(SIGTERM, then SIGKILL) and its receipt, exit reason `stopped`, charges the time "
+        "used. `cx wait JOB` follows it to that end.",
     )
     cancel.add_argument("job", metavar="JOB", help=_JOB_HELP)
     add_common(cancel, json_help="print the JobView as JSON")
@@ -218,6 +222,8 @@ def _cancel(args: argparse.Namespace) -> int:
     job = client(args).cancel(args.job)
     if args.json:
         print_json(job)
+    elif job["state"] == "cancelled":
+        print(f"job {job['id']}: cancelled")
     else:
-        print(f"job {job['id']}: {job['state']}")
+        print(f"job {job['id']}: {job['state']}; its provider is stopping it (see cx wait)")
     return 0

@@ -501,7 +501,7 @@ def _give_up(api: ApiClient, job_id: str) -> bool:
     meanwhile (409) and runs on."""
     why = api.why(job_id).get("explanation")  # asked first: the bid is withdrawn after
     try:
-        api.cancel(job_id)
+        api.cancel(job_id, waiting_only=True)  # one that matched meanwhile runs on
     except ApiError as exc:
         if exc.status == 409:
             return False

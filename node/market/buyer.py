@@ -27,6 +27,7 @@ from attest.evidence import TPM_KIND, verify_evidence
 from node.market.gossip import Market
 from node.market.request import JobRequest, RequestError, bid_from_request, parse_request
 from node.market.secrets import Vault, lost_secrets, send_secrets
+from node.market.stopping import ask_stop
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -70,7 +71,7 @@ from protocol.negotiation import Agreement, terms_hash
 from protocol.pricing import Rung, ladder
 from protocol.units import credits
 
-__all__ = ["FINAL_STATES", "JOB_STATES", "WAITING_STATES", "Buyer"]
+__all__ = ["FINAL_STATES", "JOB_STATES", "RUNNING_STATES", "WAITING_STATES", "Buyer"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +95,7 @@ JOB_STATES = (
     "error",
 )
 WAITING_STATES = frozenset({"waiting", "negotiating"})  # its bid looks for a provider
+RUNNING_STATES = frozenset({"agreed", "transferring", "running"})  # a provider has it
 # States a job never leaves. Not ``preempted`` or ``provider-fault`` (the node bids for the
 # job again), nor ``settled`` (the receipt is recorded, then the job's end state follows).
 FINAL_STATES = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
@@ -254,6 +256,23 @@ class Buyer:
         self.db.drop_order(job.bid_id)
         self._event(job_id, "cancelled", "bid withdrawn")
         await self.market.publish(cancel, topic=BIDS_TOPIC)
+        return True
+
+    async def stop(self, job_id: str) -> bool:
+        """Ask the provider of an agreed or running job to stop it (node/market/stopping.py);
+        its receipt (exit reason ``stopped``) then ends it. False if it is not under way.
+
+        Raises:
+            NetworkError: the provider could not be reached.
+        """
+        job = self.db.job(job_id)
+        if job is None or job.state not in RUNNING_STATES or job.agreement_id is None:
+            return False
+        try:
+            await ask_stop(self.market.net, PeerId(job.provider or ""), job.agreement_id)
+        except PeerRefused:
+            return False  # it ended meanwhile: its receipt is on its way
+        self._event(job_id, job.state, "asked the provider to stop it")
         return True
 
     # -- negotiation -------------------------------------------------------------------

@@ -33,8 +33,9 @@ from node.market.gossip import Market
 from node.market.invitations import send_invitations
 from node.market.repricing import asking_now, follow_prices
 from node.market.secrets import SealKey, receive_secrets
+from node.market.stopping import answer_stop
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream
-from node.net.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
+from node.net.wire import JOB, NEGOTIATE, PING, STOP, PeerRefused, control, read_control, request
 from node.storage.db import Database
 from node.storage.home import ProviderConfig, S3Config
 from node.storage.jobdata import (
@@ -100,6 +101,7 @@ class _Running:
     agreement: Agreement
     job_id: str
     done: trio.Event = field(default_factory=trio.Event)
+    stopped: bool = False  # its buyer asked to stop it (node/market/stopping.py)
 
 
 class Provider:
@@ -147,6 +149,7 @@ class Provider:
             self._restore()
             self.market.net.serve(NEGOTIATE, self._serve_negotiate)
             self.market.net.serve(PING, self._serve_ping)
+            self.market.net.serve(STOP, lambda raw: answer_stop(raw, self._stop))
             if self._pricing.moves:
                 self._prices = self._asking()
             await self._post_offer()
@@ -358,6 +361,14 @@ class Provider:
             else:
                 self._fault(agreement, why)
             return
+        if running.stopped:  # asked while its content was on its way: nothing ran
+            self._issue(
+                agreement,
+                usage=Usage(wall_ms=0, cpu_us=0),
+                exit_reason=ExitReason.STOPPED,
+                exit_code=-1,
+            )
+            return
         self.db.mark_started(agreement.id, self.market.now_ms())
         self._tell(agreement, JobState.RUNNING, "container started")
         try:
@@ -368,6 +379,8 @@ class Provider:
         except CapacityExceeded as exc:
             self._fault(agreement, str(exc))
             return
+        if running.stopped and result.exit_reason is ExitReason.PREEMPTED:  # it was stopped
+            result = dataclasses.replace(result, exit_reason=ExitReason.STOPPED)
         if terms.job.output_to is not None and result.outputs:
             outputs = await upload_outputs(
                 self.market.store, result.outputs, output_path=job.output_path,
@@ -447,6 +460,16 @@ class Provider:
             self._send(agreement, JobState.RECEIPTED, signed.wire)
         if self._nursery is not None:  # its capacity is free again: invite waiting bids
             self._nursery.start_soon(send_invitations, self.market, self.selling)
+
+    def _stop(self, agreement_id: bytes, buyer: PeerId) -> bool:
+        """Stop a running job for its buyer (spec/peer.md rule 13); False if there is none."""
+        running = self._running.get(agreement_id)
+        if running is None or PublicKey(running.agreement.terms.buyer).peer_id != buyer:
+            return False
+        running.stopped = True
+        self.executor.preempt(running.job_id)  # False before it starts: _run checks the flag
+        log.info("job %s: stopping at its buyer's request", running.job_id)
+        return True
 
     async def _serve_ping(self, raw: Stream) -> None:
         stream = FramedStream(raw)

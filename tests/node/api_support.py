@@ -155,8 +155,10 @@ class FakeController:
             written.append({"path": out["path"], "file": str(target), "size": out["size"]})
         return written
 
-    async def cancel(self, job_id: str) -> dict:
+    async def cancel(self, job_id: str, *, waiting_only: bool = False) -> dict:
         view = self.job(job_id)
+        if waiting_only and view["state"] not in ("waiting", "negotiating"):
+            raise ApiError(409, "too-late", f"job {view['id']} is {view['state']}")
         if view["state"] in ("succeeded", "failed", "settled", "receipted", "cancelled"):
             raise ApiError(409, "job-ended", f"job {view['id']} has already ended")
         self.advance(view["id"], "cancelled", "cancelled by the user")

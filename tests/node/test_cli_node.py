@@ -122,3 +122,30 @@ async def test_wait_and_attach_follow_a_detached_job_to_its_end(image_layout, ca
         assert code == 3, err
         code, _, err = await cx("wait", "ffffffff")
         assert (code, err) == (125, "cx wait: no job with id 'ffffffff'; see `cx jobs`\n")
+
+
+async def test_cancel_stops_a_running_job_and_its_receipt_charges_the_time_used(
+    image_layout, capsys
+):
+    # Before: "only a waiting job can be cancelled"; a running job could not be stopped.
+    async with cluster(image_layout) as c:
+        provider, buyer = await trading(c)
+        cx = Cx(buyer, capsys)
+        money = ["--max-price", "1.5", "--max-memory-price", "10"]
+        code, out, _ = await cx("run", "--detach", *money, c.image, "--", "sleep", "600")
+        job = out.strip()
+        await until(lambda: buyer.peer.job(job).state == "running", buyer)
+
+        code, out, err = await cx("cancel", job)
+        assert code == 0, err
+        assert out == f"job {job}: running; its provider is stopping it (see cx wait)\n"
+        code, _, err = await cx("wait", job)
+        assert code == 1, err  # it did not end by itself
+        assert "failed: stopped" in err.splitlines()[-1]
+        row = await until(lambda: (r := buyer.peer.job(job)).cost is not None and r, buyer)
+        assert row.exit_reason == "stopped"
+        assert 0 < row.cost < row.max_cost  # the time it ran, not the whole reservation
+        assert [job for job, _ in provider.peer.db.ledger()] != []  # the provider was paid
+
+        code, _, err = await cx("stop", job)  # over now: said so, nothing else happens
+        assert (code, err) == (1, f"cx stop: job {job} has already ended (failed)\n")
