@@ -62,7 +62,9 @@ def _table(keys: dict[str, Check] | None) -> Check:
     def check(v: Any) -> str | None:  # noqa: ANN401 - any TOML value
         if not isinstance(v, dict):
             return f"must be a table, not {v!r}"
-        for key, value in (v.items() if keys is not None else ()):
+        if keys is None:
+            return None
+        for key, value in v.items():
             if key not in keys:
                 return _unknown(key, "", list(keys)).replace("section", "key")
             if (wrong := keys[key](value)) is not None:
