@@ -45,7 +45,7 @@ from node.market.score_check import ScoreCheck, ScoreCheckError, check_score
 from node.net.ports import busy_ports
 from node.net.transport import Network, NetworkError
 from node.storage import transfer
-from node.storage.db import Database, JobRow
+from node.storage.db import AgreementRow, Database, JobRow
 from node.storage.home import Home, HomeError, NodeConfig
 from node.storage.store import BlobStore
 from node.tpm import attestor as attestation
@@ -54,6 +54,8 @@ from protocol.book import Explanation
 from protocol.errors import InvalidMessage, ProtocolError
 from protocol.explain import why_not
 from protocol.identity import PrivateKey
+from protocol.messages import Terms
+from protocol.negotiation import Agreement
 from protocol.pricing import Rung
 from protocol.settlement import LedgerEntry
 from protocol.trader import Trader
@@ -66,6 +68,7 @@ __all__ = [
     "Conflict",
     "Peer",
     "PeerError",
+    "Sold",
     "UnknownJob",
     "Why",
     "Written",
@@ -96,6 +99,16 @@ class Conflict(PeerError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sold:
+    """A job this node runs or ran for a buyer: its agreement, and what it earned once the
+    buyer countersigned the receipt (None before)."""
+
+    row: AgreementRow
+    terms: Terms
+    earned: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -310,6 +323,20 @@ class Peer:
             return await check_score(self.buyer, provider)
         except (ScoreCheckError, InvalidMessage) as exc:
             raise PeerError(f"cannot check {provider}'s work score: {exc}") from None
+
+    def sold(self) -> list[Sold]:
+        """The jobs this node took as provider, newest first, with what each earned."""
+        paid = {entry.agreement_id: entry.amount for entry, _ in self.db.ledger()}
+        out = []
+        for row in reversed(self.db.agreements()):
+            if row.role != "provider":
+                continue
+            try:
+                agreement = Agreement.from_wire(row.wire)
+            except (ProtocolError, ValueError):
+                continue  # quarantined by the provider at start
+            out.append(Sold(row=row, terms=agreement.terms, earned=paid.get(row.id)))
+        return out
 
     def ledger(self) -> list[tuple[LedgerEntry, int]]:
         """Every settled receipt's ledger entry with the time it settled, oldest first."""

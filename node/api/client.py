@@ -98,6 +98,9 @@ class ApiClient:
     def jobs(self) -> list[Json]:
         return self._list("GET", "/v1/jobs")
 
+    def sold(self) -> list[Json]:
+        return self._list("GET", "/v1/sold")
+
     def job(self, job_id: str) -> Json:
         return self._object("GET", _job(job_id))
 

@@ -77,6 +77,9 @@ class NodeController:
         with _refusals():
             return views.job(await self.peer.submit(request))
 
+    def sold(self) -> list[Json]:
+        return [views.sold(s) for s in self.peer.sold()]
+
     def jobs(self) -> list[Json]:
         return [views.job(j) for j in self.peer.jobs()]
 

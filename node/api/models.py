@@ -22,6 +22,7 @@ __all__ = [
     "PeerView",
     "PriceField",
     "ScoreCheckView",
+    "SoldView",
     "WhyView",
     "WrittenView",
 ]
@@ -203,6 +204,24 @@ class LedgerEntryView(_View):
     payee: str
     amount: int
     role: str  # "buyer" or "provider"
+
+
+class SoldView(_View):
+    """A job this node runs or ran as provider (``GET /v1/sold``)."""
+
+    id: str  # the agreement id's first 16 hex digits: the name the provider's log uses
+    agreement_id: str
+    state: str  # protocol.messages.JobState
+    buyer: str  # peer id
+    image: str
+    command: list[str]
+    cpu_milli: int
+    memory_bytes: int
+    prices: dict[str, int]
+    max_cost: int
+    earned: int | None  # once the buyer countersigned the receipt
+    created_ms: int
+    started_ms: int | None
 
 
 class LedgerView(_View):

@@ -37,6 +37,7 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
     GET  /v1/jobs/{id}/logs       LogsView
     POST /v1/jobs/{id}/outputs    body {dest: absolute dir on the node's machine}
                                   -> [WrittenView], the files written under dest
+    GET  /v1/sold                 [SoldView]: the jobs this node took as provider
     POST /v1/jobs/{id}/cancel     JobView (?waiting_only=true: never stop a running job)
     POST /v1/providers/{peer}/check-score
                                   ScoreCheckView: the benchmark run on that provider, its
@@ -101,6 +102,8 @@ class Controller(Protocol):
     async def submit(self, request: JobRequest) -> Json: ...
 
     def jobs(self) -> list[Json]: ...
+
+    def sold(self) -> list[Json]: ...
 
     def job(self, job_id: str) -> Json: ...
 
@@ -200,6 +203,10 @@ def _routes(app: FastAPI, c: Controller) -> None:
     @app.get("/v1/jobs", response_model=list[models.JobView], response_model_exclude_unset=True)
     async def jobs() -> list[Json]:
         return c.jobs()
+
+    @app.get("/v1/sold", response_model=list[models.SoldView])
+    async def sold() -> list[Json]:
+        return c.sold()
 
     @app.get("/v1/jobs/{job_id}", response_model=models.JobView, response_model_exclude_unset=True)
     async def job(job_id: JobId) -> Json:

@@ -33,6 +33,11 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         description="List the jobs this node submitted, newest first, or show JOB in full.",
     )
     jobs.add_argument("job", nargs="?", metavar="JOB", help="show this job in full")
+    jobs.add_argument(
+        "--sold",
+        action="store_true",
+        help="the jobs this node runs or ran for others as provider, and what each earned",
+    )
     add_common(jobs, json_help="print the JobView(s) as JSON")
     jobs.set_defaults(run=talk("cx jobs", _jobs))
 
@@ -82,6 +87,13 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
 
 def _jobs(args: argparse.Namespace) -> int:
     api = client(args)
+    if args.sold:
+        sold = api.sold()
+        if args.json:
+            print_json(sold)
+        else:
+            print(render_sold(sold))
+        return 0
     if args.job is not None:
         job = api.job(args.job)
         if args.json:
@@ -118,6 +130,32 @@ def render_jobs(jobs: list[Json], now_ms: int | None = None) -> str:
         "AGE",
     )  # fmt: skip
     return table(headers, rows, right=(7, 8, 9))
+
+
+def render_sold(sold: list[Json], now_ms: int | None = None) -> str:
+    """A provider's work, newest first: ID is the name its log gives each job."""
+    rows = [
+        (
+            s["id"],
+            s["state"],
+            short_peer(s.get("buyer")),
+            _short_image(s.get("image", "")),
+            _short_command(s.get("command") or []),
+            _resources(s),
+            credits(s.get("earned")),
+            age(s.get("created_ms"), now_ms),
+        )
+        for s in sold
+    ]
+    headers = ("ID", "STATE", "BUYER", "IMAGE", "COMMAND", "CPU/MEMORY", "EARNED", "AGE")
+    earned = sum(s.get("earned") or 0 for s in sold)
+    return "\n".join(
+        [
+            f"earned: {credits(earned)} credits from {len(sold)} job(s) sold",
+            "",
+            table(headers, rows, right=(6, 7)),
+        ]
+    )
 
 
 def _short_image(image: str) -> str:

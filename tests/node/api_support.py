@@ -111,6 +111,25 @@ class FakeController:
         self.scripts[job_id], self.script = self.script, []
         return self.views[job_id]
 
+    def sold(self) -> list[dict]:
+        return [
+            {
+                "id": "5a1d000000000001",
+                "agreement_id": "5a1d000000000001" + "00" * 24,
+                "state": "settled",
+                "buyer": "12D3KooWBuyer",
+                "image": "sha256:" + "ab" * 32,
+                "command": ["echo", "hi"],
+                "cpu_milli": 1000,
+                "memory_bytes": 256 << 20,
+                "prices": {"cpu_core_hour": 1_000_000},
+                "max_cost": 2_000_000,
+                "earned": 250_000,
+                "created_ms": NOW_MS - 60_000,
+                "started_ms": NOW_MS - 59_000,
+            }
+        ]
+
     def jobs(self) -> list[dict]:
         return sorted(self.views.values(), key=lambda v: v["created_ms"], reverse=True)
 

@@ -88,6 +88,7 @@ OPERATIONS = [
     ("GET", "/v1/market/history"),
     ("GET", "/v1/market/trades"),
     ("GET", "/v1/ledger"),
+    ("GET", "/v1/sold"),
 ]
 
 
