@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -146,7 +147,8 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
             "for the other commands. Stop it with Ctrl-C or SIGTERM."
         ),
     )
-    add_common(node)
+    add_common(node, json_help="print the started node as one line of JSON (peer id, role, "
+               "listen addresses, control API URL)")  # fmt: skip
     node.add_argument(
         "--bootstrap", action="append", default=[], metavar="MULTIADDR", help="also join this peer"
     )
@@ -207,7 +209,7 @@ def _node(args: argparse.Namespace) -> int:
     home = Home(args.home.expanduser())
     try:
         _warn_beyond_host("cx node", home.config())
-        trio.run(_serve, home, tuple(args.bootstrap))
+        trio.run(_serve, home, tuple(args.bootstrap), args.json)
     except (HomeError, DamagedDatabase, BaseExceptionGroup) as exc:
         refusal = start_refusal(exc)
         if refusal is None:
@@ -232,7 +234,7 @@ def start_refusal(exc: BaseException) -> BaseException | None:
     return exc if isinstance(exc, HomeError | DamagedDatabase) else None
 
 
-async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:
+async def _serve(home: Home, bootstrap: tuple[str, ...], as_json: bool) -> None:
     from node.api.controller import serve_control  # imported here: keeps `cx --help` fast
     from node.gc_policy import tune_gc
     from node.peer import serve_peer
@@ -242,10 +244,14 @@ async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:
         peer = await nursery.start(serve_peer, home)
         for addr in bootstrap:
             await peer.join(addr)
-        await nursery.start(serve_control, peer)
+        api = await nursery.start(serve_control, peer)
         role = "provider" if peer.provider is not None else "buyer"
-        addrs = ", ".join(peer.net.listen_addrs)
-        print(f"cx node {peer.net.peer_id} ({role}) listening on {addrs}", flush=True)
+        if as_json:  # one line a supervisor can read
+            started = {"peer_id": peer.net.peer_id, "role": role, "api": api}
+            print(json.dumps({**started, "listen": peer.net.listen_addrs}), flush=True)
+        else:
+            addrs = ", ".join(peer.net.listen_addrs)
+            print(f"cx node {peer.net.peer_id} ({role}) listening on {addrs}", flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 print("stopping", flush=True)

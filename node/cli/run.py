@@ -30,6 +30,7 @@ from node.cli.common import (
     credits,
     duration_ms,
     parse_credits,
+    print_json,
     short_peer,
     size_bytes,
 )
@@ -242,7 +243,11 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         metavar="DURATION",
         help="cancel the job if no provider takes it within DURATION; default: wait",
     )
-    add_common(p)
+    add_common(
+        p,
+        json_help="print the job as JSON on stdout when it has ended (with --detach: as "
+        "submitted) instead of its output; progress stays on stderr",
+    )
     p.set_defaults(run=_run)
 
     wait = commands.add_parser(
@@ -262,7 +267,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         metavar="DIR",
         help="when it has ended, fetch its output files into DIR",
     )
-    add_common(wait)
+    add_common(wait, json_help="print the job as JSON when it has ended instead of its output")
     wait.set_defaults(run=_wait)
 
 
@@ -296,7 +301,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"cx run: {exc}", file=sys.stderr)
         return EXIT_CX
     if args.detach:
-        print(job["id"])
+        if args.json:
+            print_json(job)
+        else:
+            print(job["id"])
         return 0
     try:
         return _follow(api, job, args)
@@ -482,7 +490,9 @@ def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> in
             state = event["state"]
             _show(event)
     job = api.job(job_id)
-    if job.get("exit_reason") is not None:
+    if getattr(args, "json", False):
+        print_json(job)
+    elif job.get("exit_reason") is not None:
         _print_logs(api, job_id)
     if args.output is not None and job.get("outputs"):
         args.output.mkdir(parents=True, exist_ok=True)

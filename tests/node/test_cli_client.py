@@ -287,6 +287,19 @@ async def test_run_follows_the_job_to_success_and_prints_its_stdout(node, cx, tm
     assert "at most 2.00 credits" in err.splitlines()[-1]
 
 
+async def test_run_json_prints_the_job(node, cx):
+    # Before: cx run had no --json.
+    fake, _ = node
+    code, out, _ = await cx("run", "--detach", "--json", "--max-price", "2", DIGEST, "true")
+    assert code == 0
+    assert json.loads(out)["id"] == fake.jobs()[0]["id"]
+    fake.script = [("running", {}), ("succeeded", {"exit_reason": "success", "exit_code": 0})]
+    code, out, err = await cx("run", "--json", "--max-price", "2", DIGEST, "true")
+    assert code == 0, err
+    ended = json.loads(out)  # the job, not its output
+    assert (ended["state"], ended["exit_reason"]) == ("succeeded", "success")
+
+
 async def test_run_exit_status_follows_the_job(node, cx):
     fake, _ = node
     fake.script = [

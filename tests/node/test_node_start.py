@@ -13,7 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from process_support import free_port, wait_for_log
+from process_support import free_port
 
 from node.storage.home import NodeConfig, ProviderConfig, init_home
 from protocol.messages import Arch, Prices, Resources
@@ -50,10 +50,11 @@ def provider_config(**network: object) -> NodeConfig:
 def test_a_home_runs_one_node(tmp_path):
     home = init_home(tmp_path / "home", NodeConfig())
     first = subprocess.Popen(
-        [*CX_NODE, str(home.root)], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE
+        [*CX_NODE, str(home.root), "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
     try:
-        wait_for_log(first, "control API listening on")
+        assert first.stdout is not None
+        json.loads(first.stdout.readline())  # it has started, api.json written
         published = (home.root / "api.json").read_text()
         (line,) = refusal(cx_node(home.root))
         assert line == (
@@ -67,6 +68,24 @@ def test_a_home_runs_one_node(tmp_path):
         first.wait(timeout=30)
     # The lock goes with the process: the home starts again (and is refused only for a port).
     assert not (home.root / "api.json").exists()
+
+
+def test_node_json_says_where_it_is_in_one_line(tmp_path):
+    # Before: cx node had no --json; a supervisor parsed the human line.
+    home = init_home(tmp_path / "home", NodeConfig())
+    proc = subprocess.Popen(
+        [*CX_NODE, str(home.root), "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
+    )
+    try:
+        assert proc.stdout is not None
+        started = json.loads(proc.stdout.readline())
+        assert started["peer_id"] == home.key().peer_id
+        assert started["role"] == "buyer"
+        assert started["api"] == json.loads((home.root / "api.json").read_text())["url"]
+        assert started["listen"][0].endswith(f"/p2p/{started['peer_id']}")
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
 
 
 def test_ports_another_program_holds_are_named_before_anything_starts(tmp_path):
