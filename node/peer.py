@@ -66,6 +66,7 @@ if TYPE_CHECKING:
 __all__ = [
     "AmbiguousJob",
     "Conflict",
+    "LiveLogs",
     "Peer",
     "PeerError",
     "Sold",
@@ -99,6 +100,15 @@ class Conflict(PeerError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveLogs:
+    """A job's output since the offsets asked (:meth:`Peer.live_logs`)."""
+
+    stdout: bytes
+    stderr: bytes
+    ended: bool  # the job is over: nothing follows these
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -248,6 +258,27 @@ class Peer:
             data = await trio.to_thread.run_sync(self.market.store.read_bytes, ref["digest"])
             out[name] = data.decode(errors="replace")
         return out
+
+    async def live_logs(self, job_id: str, offsets: tuple[int, int] = (0, 0)) -> LiveLogs:
+        """What the job has written to stdout and stderr since the byte ``offsets``: from
+        its provider while it runs (spec/peer.md rule 14), from its receipt's logs once it
+        has ended (``ended``: nothing more will come).
+
+        Raises:
+            UnknownJob, AmbiguousJob: no such job.
+            NetworkError: its provider could not be reached.
+        """
+        job = self.job(job_id)
+        if job.state not in FINAL_STATES:
+            out, err = await self.buyer.live_logs(job.id, offsets)
+            return LiveLogs(stdout=out, stderr=err, ended=False)
+        kept = {"stdout": b"", "stderr": b""}
+        for ref in job.logs or []:
+            data = await trio.to_thread.run_sync(self.market.store.read_bytes, ref["digest"])
+            kept[Path(ref["path"]).name] = data
+        return LiveLogs(
+            stdout=kept["stdout"][offsets[0] :], stderr=kept["stderr"][offsets[1] :], ended=True
+        )
 
     async def outputs(self, job_id: str, dest: Path) -> list[Written]:
         """Copy the job's output files under ``dest`` (an absolute directory).

@@ -111,6 +111,10 @@ class ApiClient:
             "GET", f"{_job(job_id)}/events?{query}", timeout_s=wait_s + _POLL_MARGIN_S
         )
 
+    def live_logs(self, job_id: str, stdout_from: int = 0, stderr_from: int = 0) -> Json:
+        query = urlencode({"stdout_from": stdout_from, "stderr_from": stderr_from})
+        return self._object("GET", f"{_job(job_id)}/logs/live?{query}")
+
     def why(self, job_id: str) -> Json:
         return self._object("GET", f"{_job(job_id)}/why")
 

@@ -19,6 +19,7 @@ from node.api.common import ApiError, clear_api_info, write_api_info
 from node.api.server import serve_api
 from node.market.reputation import score_of
 from node.market.request import JobRequest, RequestError
+from node.net.transport import NetworkError
 from node.peer import Conflict, Peer, PeerError, UnknownJob
 
 if TYPE_CHECKING:
@@ -98,6 +99,20 @@ class NodeController:
     async def logs(self, job_id: str) -> Json:
         with _refusals():
             return await self.peer.logs(job_id)
+
+    async def live_logs(self, job_id: str, stdout_from: int, stderr_from: int) -> Json:
+        with _refusals():
+            try:
+                got = await self.peer.live_logs(job_id, (stdout_from, stderr_from))
+            except NetworkError as exc:
+                raise ApiError(409, "unreachable", f"its provider did not answer: {exc}") from exc
+        return {
+            "stdout": got.stdout.decode(errors="replace"),
+            "stderr": got.stderr.decode(errors="replace"),
+            "stdout_next": stdout_from + len(got.stdout),
+            "stderr_next": stderr_from + len(got.stderr),
+            "ended": got.ended,
+        }
 
     async def outputs(self, job_id: str, dest: str) -> list[Json]:
         with _refusals():

@@ -15,6 +15,7 @@ __all__ = [
     "HistoryView",
     "JobView",
     "LedgerView",
+    "LiveLogsView",
     "LogsView",
     "MarketView",
     "NodeView",
@@ -116,6 +117,16 @@ class WhyView(_View):
 class LogsView(_View):
     stdout: str
     stderr: str
+
+
+class LiveLogsView(_View):
+    """A job's output since the byte offsets asked; ask again from ``*_next``."""
+
+    stdout: str  # decoded as UTF-8, a broken sequence replaced
+    stderr: str
+    stdout_next: int
+    stderr_next: int
+    ended: bool  # nothing more will come
 
 
 class OutputsRequest(_View):

@@ -35,6 +35,9 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
                                   to S seconds (at most 60) for one, else []
     GET  /v1/jobs/{id}/why        WhyView
     GET  /v1/jobs/{id}/logs       LogsView
+    GET  /v1/jobs/{id}/logs/live?stdout_from=N&stderr_from=M
+                                  LiveLogsView: the output since those byte offsets, from
+                                  the provider while the job runs
     POST /v1/jobs/{id}/outputs    body {dest: absolute dir on the node's machine}
                                   -> [WrittenView], the files written under dest
     GET  /v1/sold                 [SoldView]: the jobs this node took as provider
@@ -112,6 +115,8 @@ class Controller(Protocol):
     def why(self, job_id: str) -> Json: ...
 
     async def logs(self, job_id: str) -> Json: ...
+
+    async def live_logs(self, job_id: str, stdout_from: int, stderr_from: int) -> Json: ...
 
     async def outputs(self, job_id: str, dest: str) -> list[Json]: ...
 
@@ -227,6 +232,14 @@ def _routes(app: FastAPI, c: Controller) -> None:
     @app.get("/v1/jobs/{job_id}/logs", response_model=models.LogsView)
     async def logs(job_id: JobId) -> Json:
         return await c.logs(job_id)
+
+    @app.get("/v1/jobs/{job_id}/logs/live", response_model=models.LiveLogsView)
+    async def live_logs(
+        job_id: JobId,
+        stdout_from: Annotated[int, Query(ge=0, le=_INT_MAX)] = 0,
+        stderr_from: Annotated[int, Query(ge=0, le=_INT_MAX)] = 0,
+    ) -> Json:
+        return await c.live_logs(job_id, stdout_from, stderr_from)
 
     @app.post(
         "/v1/jobs/{job_id}/outputs",

@@ -8,9 +8,11 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from node.api.client import ApiClient
 from node.cli.common import add_common, age, client, credits, print_json, short_peer, table, talk
 from protocol.units import cores, size
 
@@ -18,6 +20,7 @@ __all__ = ["register"]
 
 Json = dict[str, Any]
 _JOB_HELP = "a job id, or a prefix of one that names one job (see cx jobs)"
+_FOLLOW_S = 0.5  # how often cx logs -f asks again when nothing new has come
 _PRICE_UNITS = (
     ("cpu_core_hour", "core-h"),
     ("memory_gib_hour", "GiB-h memory"),
@@ -44,9 +47,16 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     logs = commands.add_parser(
         "logs",
         help="print a job's stdout (and its stderr to stderr)",
-        description="Print JOB's stdout to stdout and its stderr to stderr.",
+        description="Print JOB's stdout to stdout and its stderr to stderr: once it has "
+        "ended, all of it; with -f, as it is written, from its provider while it runs.",
     )
     logs.add_argument("job", metavar="JOB", help=_JOB_HELP)
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="print the output as the job writes it, until it ends",
+    )
     add_common(logs, json_help="print {stdout, stderr} as JSON")
     logs.set_defaults(run=talk("cx logs", _logs))
 
@@ -212,6 +222,8 @@ def _prices(price: Json) -> str:
 
 
 def _logs(args: argparse.Namespace) -> int:
+    if args.follow:
+        return _follow_logs(client(args), args.job)
     logs = client(args).logs(args.job)
     if args.json:
         print_json(logs)
@@ -220,6 +232,23 @@ def _logs(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     sys.stdout.write(logs.get("stdout", ""))
     return 0
+
+
+def _follow_logs(api: ApiClient, job: str) -> int:
+    """Print what the job writes as it writes it (its provider is asked every
+    ``_FOLLOW_S``), until it has ended and its last output is out."""
+    offsets = (0, 0)
+    while True:
+        got = api.live_logs(job, *offsets)
+        sys.stderr.write(got["stderr"])
+        sys.stderr.flush()
+        sys.stdout.write(got["stdout"])
+        sys.stdout.flush()
+        offsets = (got["stdout_next"], got["stderr_next"])
+        if got["ended"]:
+            return 0
+        if not (got["stdout"] or got["stderr"]):
+            time.sleep(_FOLLOW_S)
 
 
 def _get(args: argparse.Namespace) -> int:

@@ -25,6 +25,7 @@ import trio
 from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
 from node.market.gossip import Market
+from node.market.livelogs import ask_logs
 from node.market.request import JobRequest, RequestError, bid_from_request, parse_request
 from node.market.secrets import Vault, lost_secrets, send_secrets
 from node.market.stopping import ask_stop
@@ -274,6 +275,23 @@ class Buyer:
             return False  # it ended meanwhile: its receipt is on its way
         self._event(job_id, job.state, "asked the provider to stop it")
         return True
+
+    async def live_logs(self, job_id: str, offsets: tuple[int, int]) -> tuple[bytes, bytes]:
+        """What a job under way has written to stdout and stderr since ``offsets``
+        (node/market/livelogs.py); nothing when no provider runs it now.
+
+        Raises:
+            NetworkError: the provider could not be reached.
+        """
+        job = self.db.job(job_id)
+        if job is None or job.state not in RUNNING_STATES or job.agreement_id is None:
+            return b"", b""
+        try:
+            return await ask_logs(
+                self.market.net, PeerId(job.provider or ""), job.agreement_id, offsets
+            )
+        except PeerRefused:
+            return b"", b""  # it ended meanwhile: its receipt brings the whole logs
 
     # -- negotiation -------------------------------------------------------------------
 

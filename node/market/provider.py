@@ -31,11 +31,22 @@ from node.exec.executor import CapacityExceeded, JobResult
 from node.market.benchmark import measure_work_score
 from node.market.gossip import Market
 from node.market.invitations import send_invitations
+from node.market.livelogs import CHUNK, answer_logs
 from node.market.repricing import asking_now, follow_prices
 from node.market.secrets import SealKey, receive_secrets
 from node.market.stopping import answer_stop
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream
-from node.net.wire import JOB, NEGOTIATE, PING, STOP, PeerRefused, control, read_control, request
+from node.net.wire import (
+    JOB,
+    LOGS,
+    NEGOTIATE,
+    PING,
+    STOP,
+    PeerRefused,
+    control,
+    read_control,
+    request,
+)
 from node.storage.db import Database
 from node.storage.home import ProviderConfig, S3Config
 from node.storage.jobdata import (
@@ -95,6 +106,8 @@ class Runner(Protocol):
 
     def preempt(self, job_id: str) -> bool: ...
 
+    def live_log(self, job_id: str, name: str, offset: int, limit: int) -> bytes | None: ...
+
 
 @dataclass(slots=True)
 class _Running:
@@ -150,6 +163,7 @@ class Provider:
             self.market.net.serve(NEGOTIATE, self._serve_negotiate)
             self.market.net.serve(PING, self._serve_ping)
             self.market.net.serve(STOP, lambda raw: answer_stop(raw, self._stop))
+            self.market.net.serve(LOGS, lambda raw: answer_logs(raw, self._live_log))
             if self._pricing.moves:
                 self._prices = self._asking()
             await self._post_offer()
@@ -470,6 +484,13 @@ class Provider:
         self.executor.preempt(running.job_id)  # False before it starts: _run checks the flag
         log.info("job %s: stopping at its buyer's request", running.job_id)
         return True
+
+    def _live_log(self, agreement_id: bytes, buyer: PeerId, name: str, offset: int) -> bytes | None:
+        """A running job's log from ``offset`` for its buyer (spec/peer.md rule 14)."""
+        running = self._running.get(agreement_id)
+        if running is None or PublicKey(running.agreement.terms.buyer).peer_id != buyer:
+            return None
+        return self.executor.live_log(running.job_id, name, offset, CHUNK)
 
     async def _serve_ping(self, raw: Stream) -> None:
         stream = FramedStream(raw)

@@ -14,9 +14,14 @@ from collections.abc import Callable
 from node.net.transport import FramedStream, Network, PeerId, Stream
 from node.net.wire import STOP, control, read_control, request
 
-__all__ = ["NOT_RUNNING", "answer_stop", "ask_stop"]
+__all__ = ["NOT_RUNNING", "answer_stop", "ask_stop", "not_running"]
 
 NOT_RUNNING = "not-running"  # the refusal: no such job of yours is agreed or running here
+
+
+def not_running() -> bytes:
+    """The refusal frame of /cx/stop/1 and /cx/logs/1."""
+    return control(error=NOT_RUNNING, detail="no job of yours under that agreement runs here")
 
 
 async def ask_stop(net: Network, provider: PeerId, agreement_id: bytes) -> None:
@@ -38,6 +43,4 @@ async def answer_stop(raw: Stream, stop: Callable[[bytes, PeerId], bool]) -> Non
     if isinstance(agreement_id, bytes) and stop(agreement_id, raw.remote_peer):
         await stream.send_frame(control(ok=True))
     else:
-        await stream.send_frame(
-            control(error=NOT_RUNNING, detail="no job of yours under that agreement runs here")
-        )
+        await stream.send_frame(not_running())

@@ -164,6 +164,16 @@ class FakeController:
     async def logs(self, job_id: str) -> dict:
         return {"stdout": self.stdout[self._resolve(job_id)], "stderr": "a warning\n"}
 
+    async def live_logs(self, job_id: str, stdout_from: int, stderr_from: int) -> dict:
+        out = self.stdout[self._resolve(job_id)].encode()[stdout_from:]
+        return {
+            "stdout": out.decode(),
+            "stderr": "",
+            "stdout_next": stdout_from + len(out),
+            "stderr_next": stderr_from,
+            "ended": True,
+        }
+
     async def outputs(self, job_id: str, dest: str) -> list[dict]:
         view = self.job(job_id)
         written = []

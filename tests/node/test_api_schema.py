@@ -89,6 +89,7 @@ OPERATIONS = [
     ("GET", "/v1/market/trades"),
     ("GET", "/v1/ledger"),
     ("GET", "/v1/sold"),
+    ("GET", "/v1/jobs/{job_id}/logs/live"),
 ]
 
 

@@ -5,6 +5,8 @@ control API on loopback) and a provider running real containers, on the in-memor
 from __future__ import annotations
 
 import re
+import subprocess
+import sys
 
 import pytest
 import trio
@@ -164,3 +166,42 @@ async def test_cancel_stops_a_running_job_and_its_receipt_charges_the_time_used(
 
         code, _, err = await cx("stop", job)  # over now: said so, nothing else happens
         assert (code, err) == (1, f"cx stop: job {job} has already ended (failed)\n")
+
+
+async def test_logs_follow_prints_the_output_while_the_job_runs(image_layout, capsys):
+    # Before: cx logs was empty until the job ended, and had no -f.
+    async with cluster(image_layout) as c:
+        _, buyer = await trading(c)
+        cx = Cx(buyer, capsys)
+        money = ["--max-price", "1.5", "--max-memory-price", "10"]
+        script = "echo one; echo warn >&2; sleep 600"
+        code, out, _ = await cx("run", "--detach", *money, c.image, "--", "sh", "-c", script)
+        job = out.strip()
+        await until(lambda: buyer.peer.job(job).state == "running", buyer)
+        argv = [sys.executable, "-m", "node.cli", "logs", "-f", "--home", str(buyer.home.root)]
+        follow = await trio.lowlevel.open_process(
+            [*argv, job], stdout=subprocess.PIPE, stderr=subprocess.PIPE
+        )
+        try:
+            with trio.fail_after(60):
+                first = await _line(follow.stdout)
+                warned = await _line(follow.stderr)
+            assert (first, warned) == (b"one\n", b"warn\n")
+            assert buyer.peer.job(job).state == "running"  # it came while the job ran
+            code, _, err = await cx("stop", job)
+            assert code == 0, err
+            with trio.fail_after(60):  # the job's end ends it, with nothing more to say
+                assert await follow.wait() == 0
+                assert await follow.stdout.receive_some() == b""
+        finally:
+            follow.kill()
+            await follow.wait()
+
+
+async def _line(stream: trio.abc.ReceiveStream | None) -> bytes:
+    """One line from ``stream`` (what is received until a newline)."""
+    assert stream is not None
+    got = b""
+    while not got.endswith(b"\n") and (chunk := await stream.receive_some(1)):
+        got += chunk
+    return got
