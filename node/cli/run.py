@@ -48,6 +48,7 @@ __all__ = ["register"]
 EXIT_NEVER_RAN = 2
 EXIT_CX = 125
 _POLL_S = 30.0
+_HINT_S = 5.0
 _UNMATCHED = ("waiting", "negotiating")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
@@ -474,9 +475,10 @@ def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> in
         print(f"cx run: job {job_id} submitted", file=sys.stderr)
     wait_match = getattr(args, "wait_match", None)
     deadline = None if wait_match is None else time.monotonic() + wait_match / 1000
-    state, after = job["state"], 0
+    state, after, since = job["state"], 0, time.monotonic()
     while state not in FINAL_STATES:
-        wait_s = _POLL_S
+        # While it waits for a match, a line every _HINT_S says how long and why.
+        wait_s = _HINT_S if state in _UNMATCHED else _POLL_S
         if deadline is not None and state in _UNMATCHED:
             left = deadline - time.monotonic()
             if left > 0:
@@ -485,10 +487,13 @@ def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> in
                 return EXIT_NEVER_RAN
             else:
                 deadline = None  # it matched meanwhile: follow it to the end
-        for event in api.events(job_id, after, wait_s):
+        events = api.events(job_id, after, wait_s)
+        for event in events:
             after = max(after, event["seq"])
             state = event["state"]
             _show(event)
+        if not events and state in _UNMATCHED and wait_s >= _HINT_S:  # a whole quiet spell
+            _hint(api, job_id, time.monotonic() - since)
     job = api.job(job_id)
     if getattr(args, "json", False):
         print_json(job)
@@ -520,6 +525,14 @@ def _give_up(api: ApiClient, job_id: str) -> bool:
     if why:
         print(f"cx run: {why}", file=sys.stderr)
     return True
+
+
+def _hint(api: ApiClient, job_id: str, waited_s: float) -> None:
+    """How long the job has waited, and why nothing has taken it (cx why's sentence)."""
+    why = api.why(job_id)
+    clock = time.strftime("%H:%M:%S")
+    said = why.get("explanation") or f"{why.get('offers_seen', 0)} offer(s) seen"
+    print(f"  {clock} {'waiting':<14} {waited_s:.0f}s so far: {said}", file=sys.stderr)
 
 
 def _show(event: dict[str, Any]) -> None:

@@ -64,10 +64,13 @@ async def test_a_job_that_cannot_match_is_explained_per_unit_and_once(image_layo
 
         # A capacity no offer has is named as such. Before: "no offer fits apart from price".
         code, _, err = await cx(
-            "run", "--max-price", "100", "--cpus", "64", "--wait-match", "1s", c.image, "true"
+            "run", "--max-price", "100", "--cpus", "64", "--wait-match", "6s", c.image, "true"
         )
         assert code == 2, err
         assert "CPU: 64 cores asked, 2 cores free at most" in err
+        # While it waited: how long, and why. Before: nothing between "bid posted" and the end.
+        (hint,) = [line for line in err.splitlines() if "s so far: " in line]
+        assert re.search(r"waiting +5s so far: none of 1 offers fits", hint), hint
 
         # cx why says it once, per unit. Before: a second list of the counts and a total
         # ("would cost 2.34 credits") compared with a per-unit limit.
