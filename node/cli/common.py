@@ -64,10 +64,15 @@ def client(args: argparse.Namespace) -> ApiClient:
 
 
 def talk(
-    name: str, action: Callable[[argparse.Namespace], int]
+    name: str,
+    action: Callable[[argparse.Namespace], int],
+    *,
+    refused: int = EXIT_REFUSED,
+    no_node: int = EXIT_NO_NODE,
 ) -> Callable[[argparse.Namespace], int]:
     """``action`` with the node's refusals and absence turned into one line on stderr and
-    the exit status above. ``name`` is the command as the user typed it (``cx jobs``)."""
+    the exit status above (or ``refused``, ``no_node``: cx wait's are cx run's). ``name``
+    is the command as the user typed it (``cx jobs``)."""
 
     def run(args: argparse.Namespace) -> int:
         typed = getattr(args, "subcommand", None)  # an alias (cx stop) as the user typed it
@@ -76,10 +81,10 @@ def talk(
             return action(args)
         except ApiError as exc:
             print(f"{said}: {exc.message}", file=sys.stderr)
-            return EXIT_REFUSED
+            return refused
         except ClientError as exc:
             print(f"{said}: {exc}", file=sys.stderr)
-            return EXIT_NO_NODE
+            return no_node
 
     return run
 

@@ -27,6 +27,11 @@ from node.storage.image import host_arch
 from protocol.messages import Arch, Prices, Resources
 
 GIB = 1 << 30
+_PRICE_FLAGS = (  # cx init's price options: flag, Prices field, what it is per
+    ("--price", "cpu_core_hour", "core-hour of CPU"),
+    ("--memory-price", "memory_gib_hour", "GiB-hour of memory"),
+    ("--disk-price", "disk_gib_hour", "GiB-hour of disk"),
+)
 
 
 def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
@@ -102,27 +107,16 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     sell.add_argument(
         "--disk", type=size_bytes, default=4 * GIB, help="disk to sell, e.g. 20Gi (default 4Gi)"
     )
-    sell.add_argument(
-        "--price",
-        type=parse_credits,
-        default=DEFAULT_PRICES.cpu_core_hour,
-        metavar="CREDITS",
-        help=f"credits per core-hour of CPU (default {credits(DEFAULT_PRICES.cpu_core_hour)})",
-    )
-    sell.add_argument(
-        "--memory-price",
-        type=parse_credits,
-        default=DEFAULT_PRICES.memory_gib_hour,
-        metavar="CREDITS",
-        help=f"credits per GiB-hour of memory (default {credits(DEFAULT_PRICES.memory_gib_hour)})",
-    )
-    sell.add_argument(
-        "--disk-price",
-        type=parse_credits,
-        default=DEFAULT_PRICES.disk_gib_hour,
-        metavar="CREDITS",
-        help=f"credits per GiB-hour of disk (default {credits(DEFAULT_PRICES.disk_gib_hour)})",
-    )
+    for flag, field, unit in _PRICE_FLAGS:
+        default = getattr(DEFAULT_PRICES, field)
+        sell.add_argument(
+            flag,
+            dest=field,
+            type=parse_credits,
+            default=default,
+            metavar="CREDITS",
+            help=f"credits per {unit} (default {credits(default)})",
+        )
     sell.add_argument("--region", default="", help="region label buyers can ask for")
     sell.add_argument(
         "--arch",
@@ -169,9 +163,9 @@ def _init(args: argparse.Namespace) -> int:
         provider = ProviderConfig(
             capacity=Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk),
             prices=Prices(
-                cpu_core_hour=args.price,
-                memory_gib_hour=args.memory_price,
-                disk_gib_hour=args.disk_price,
+                cpu_core_hour=args.cpu_core_hour,
+                memory_gib_hour=args.memory_gib_hour,
+                disk_gib_hour=args.disk_gib_hour,
             ),
             arch=Arch(args.arch),
             region=args.region,

@@ -33,6 +33,7 @@ from node.cli.common import (
     print_json,
     short_peer,
     size_bytes,
+    talk,
 )
 from node.cli.image import resolve_image
 from node.market.buyer import FINAL_STATES
@@ -269,22 +270,12 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="when it has ended, fetch its output files into DIR",
     )
     add_common(wait, json_help="print the job as JSON when it has ended instead of its output")
-    wait.set_defaults(run=_wait)
+    wait.set_defaults(run=talk("cx wait", _wait, refused=EXIT_CX, no_node=EXIT_CX))
 
 
 def _wait(args: argparse.Namespace) -> int:
-    try:
-        api = client(args)
-        job = api.job(args.job)
-        return _follow(api, job, args)
-    except KeyboardInterrupt:
-        return 130
-    except ApiError as exc:
-        print(f"cx wait: {exc.message}", file=sys.stderr)
-        return EXIT_CX
-    except ClientError as exc:
-        print(f"cx wait: {exc}", file=sys.stderr)
-        return EXIT_CX
+    api = client(args)
+    return _follow(api, api.job(args.job), args)
 
 
 def _run(args: argparse.Namespace) -> int:

@@ -6,16 +6,19 @@ gave a 60-line traceback after libp2p was up; a misspelt key was ignored and
 
 from __future__ import annotations
 
+import contextlib
 import json
 import socket
 import subprocess
 import sys
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 from process_support import free_port
 
-from node.storage.home import NodeConfig, ProviderConfig, init_home
+from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
 from protocol.messages import Arch, Prices, Resources
 
 pytestmark = pytest.mark.integration
@@ -47,14 +50,24 @@ def provider_config(**network: object) -> NodeConfig:
     )
 
 
-def test_a_home_runs_one_node(tmp_path):
-    home = init_home(tmp_path / "home", NodeConfig())
-    first = subprocess.Popen(
+@contextlib.contextmanager
+def running_node(home: Home) -> Iterator[tuple[subprocess.Popen[bytes], dict[str, Any]]]:
+    """`cx node --json` on ``home``, once it has said it started (api.json is written by
+    then); stopped with SIGTERM after the block."""
+    proc = subprocess.Popen(
         [*CX_NODE, str(home.root), "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
     )
     try:
-        assert first.stdout is not None
-        json.loads(first.stdout.readline())  # it has started, api.json written
+        assert proc.stdout is not None
+        yield proc, json.loads(proc.stdout.readline())
+    finally:
+        proc.terminate()
+        proc.wait(timeout=30)
+
+
+def test_a_home_runs_one_node(tmp_path):
+    home = init_home(tmp_path / "home", NodeConfig())
+    with running_node(home) as (first, _):
         published = (home.root / "api.json").read_text()
         (line,) = refusal(cx_node(home.root))
         assert line == (
@@ -63,29 +76,20 @@ def test_a_home_runs_one_node(tmp_path):
         )
         assert (home.root / "api.json").read_text() == published  # the first one's, untouched
         assert first.poll() is None
-    finally:
-        first.terminate()
-        first.wait(timeout=30)
-    # The lock goes with the process: the home starts again (and is refused only for a port).
     assert not (home.root / "api.json").exists()
+    with running_node(home) as (again, started):  # the lock went with the process
+        assert started["peer_id"] == home.key().peer_id
+        assert again.poll() is None
 
 
 def test_node_json_says_where_it_is_in_one_line(tmp_path):
     # Before: cx node had no --json; a supervisor parsed the human line.
     home = init_home(tmp_path / "home", NodeConfig())
-    proc = subprocess.Popen(
-        [*CX_NODE, str(home.root), "--json"], stdout=subprocess.PIPE, stderr=subprocess.DEVNULL
-    )
-    try:
-        assert proc.stdout is not None
-        started = json.loads(proc.stdout.readline())
+    with running_node(home) as (_, started):
         assert started["peer_id"] == home.key().peer_id
         assert started["role"] == "buyer"
         assert started["api"] == json.loads((home.root / "api.json").read_text())["url"]
         assert started["listen"][0].endswith(f"/p2p/{started['peer_id']}")
-    finally:
-        proc.terminate()
-        proc.wait(timeout=30)
 
 
 def test_ports_another_program_holds_are_named_before_anything_starts(tmp_path):
