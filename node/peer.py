@@ -44,9 +44,10 @@ from node.market.remote import resolve_remote
 from node.market.reputation import Reputation
 from node.market.request import JobRequest, parse_request, resolve
 from node.market.score_check import ScoreCheck, ScoreCheckError, check_score
+from node.net.ports import busy_ports
 from node.net.transport import Network, NetworkError
 from node.storage import transfer
-from node.storage.db import Database, JobRow
+from node.storage.db import AgreementRow, Database, JobRow
 from node.storage.home import Home, HomeError, NodeConfig
 from node.storage.store import BlobStore
 from node.tpm import attestor as attestation
@@ -55,6 +56,8 @@ from protocol.book import Explanation
 from protocol.errors import InvalidMessage, ProtocolError
 from protocol.explain import why_not
 from protocol.identity import PrivateKey
+from protocol.messages import Terms
+from protocol.negotiation import Agreement
 from protocol.pricing import Rung
 from protocol.settlement import LedgerEntry
 from protocol.trader import Trader
@@ -65,8 +68,10 @@ if TYPE_CHECKING:
 __all__ = [
     "AmbiguousJob",
     "Conflict",
+    "LiveLogs",
     "Peer",
     "PeerError",
+    "Sold",
     "UnknownJob",
     "Why",
     "Written",
@@ -97,6 +102,25 @@ class Conflict(PeerError):
     def __init__(self, code: str, message: str) -> None:
         super().__init__(message)
         self.code = code
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class LiveLogs:
+    """A job's output since the offsets asked (:meth:`Peer.live_logs`)."""
+
+    stdout: bytes
+    stderr: bytes
+    ended: bool  # the job is over: nothing follows these
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Sold:
+    """A job this node runs or ran for a buyer: its agreement, and what it earned once the
+    buyer countersigned the receipt (None before)."""
+
+    row: AgreementRow
+    terms: Terms
+    earned: int | None
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -237,6 +261,27 @@ class Peer:
             out[name] = data.decode(errors="replace")
         return out
 
+    async def live_logs(self, job_id: str, offsets: tuple[int, int] = (0, 0)) -> LiveLogs:
+        """What the job has written to stdout and stderr since the byte ``offsets``: from
+        its provider while it runs (spec/peer.md rule 14), from its receipt's logs once it
+        has ended (``ended``: nothing more will come).
+
+        Raises:
+            UnknownJob, AmbiguousJob: no such job.
+            NetworkError: its provider could not be reached.
+        """
+        job = self.job(job_id)
+        if job.state not in FINAL_STATES:
+            out, err = await self.buyer.live_logs(job.id, offsets)
+            return LiveLogs(stdout=out, stderr=err, ended=False)
+        kept = {"stdout": b"", "stderr": b""}
+        for ref in job.logs or []:
+            data = await trio.to_thread.run_sync(self.market.store.read_bytes, ref["digest"])
+            kept[Path(ref["path"]).name] = data
+        return LiveLogs(
+            stdout=kept["stdout"][offsets[0] :], stderr=kept["stderr"][offsets[1] :], ended=True
+        )
+
     async def outputs(self, job_id: str, dest: Path) -> list[Written]:
         """Copy the job's output files under ``dest`` (an absolute directory).
 
@@ -279,16 +324,26 @@ class Peer:
             written.append(Written(path=ref["path"], file=str(target), size=ref["size"]))
         return written
 
-    async def cancel(self, job_id: str) -> JobRow:
-        """Withdraw a job that is still waiting for a provider.
+    async def cancel(self, job_id: str, *, waiting_only: bool = False) -> JobRow:
+        """Withdraw a job that is still waiting for a provider, or ask its provider to stop
+        it (spec/peer.md rule 13: its receipt says ``stopped``; the time used is paid),
+        unless ``waiting_only``.
 
-        Raises Conflict(``too-late``) when it has been agreed already.
+        Raises Conflict(``too-late``) when it has ended, or its provider cannot be reached.
         """
         job = self.job(job_id)
-        if not await self.buyer.cancel(job.id):
+        if await self.buyer.cancel(job.id):
+            return self.job(job.id)
+        if waiting_only:
+            raise Conflict("too-late", f"job {job.id} is {job.state}; it is no longer waiting")
+        try:
+            stopping = await self.buyer.stop(job.id)
+        except NetworkError as exc:
             raise Conflict(
-                "too-late", f"job {job.id} is {job.state}; only a waiting job can be cancelled"
-            )
+                "too-late", f"job {job.id}: its provider could not be reached to stop it ({exc})"
+            ) from None
+        if not stopping:
+            raise Conflict("too-late", f"job {job.id} has already ended ({job.state})")
         return self.job(job.id)
 
     async def check_score(self, provider: str) -> ScoreCheck:
@@ -301,6 +356,20 @@ class Peer:
             return await check_score(self.buyer, provider)
         except (ScoreCheckError, InvalidMessage) as exc:
             raise PeerError(f"cannot check {provider}'s work score: {exc}") from None
+
+    def sold(self) -> list[Sold]:
+        """The jobs this node took as provider, newest first, with what each earned."""
+        paid = {entry.agreement_id: entry.amount for entry, _ in self.db.ledger()}
+        out = []
+        for row in reversed(self.db.agreements()):
+            if row.role != "provider":
+                continue
+            try:
+                agreement = Agreement.from_wire(row.wire)
+            except (ProtocolError, ValueError):
+                continue  # quarantined by the provider at start
+            out.append(Sold(row=row, terms=agreement.terms, earned=paid.get(row.id)))
+        return out
 
     def ledger(self) -> list[tuple[LedgerEntry, int]]:
         """Every settled receipt's ledger entry with the time it settled, oldest first."""
@@ -326,12 +395,20 @@ async def serve_peer(
     ``timings`` to production values, ``executor`` (used only if the home offers capacity)
     to real OCI containers.
 
-    Raises HomeError for a missing or bad home.
+    Raises HomeError for a missing or bad home, one another node holds, or ports of its
+    config that another program holds.
     """
     home = root if isinstance(root, Home) else Home(root)
     key, config = home.key(), home.config()
-    clock = clock or Clock()
-    db = Database(home.db_path)
+    held = home.lock()  # one node per home: one key, one node.db, one api.json
+    try:
+        if network is None and (busy := busy_ports(config.listen, config.api_port)):
+            raise HomeError("\n".join(busy))
+        clock = clock or Clock()
+        db = Database(home.db_path)
+    except BaseException:
+        held.release()
+        raise
     store = BlobStore(home.store_root, budget_bytes=config.store_budget_bytes)
     trader = Trader(key)
     for entry, _ in db.ledger():
@@ -396,6 +473,7 @@ async def serve_peer(
             task_status.started(Peer(home, config, key, market, buyer, provider))
     finally:
         db.close()
+        held.release()
 
 
 async def _libp2p(

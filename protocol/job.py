@@ -47,6 +47,7 @@ END_STATE = MappingProxyType(
         ExitReason.PREEMPTED: _J.PREEMPTED,
         ExitReason.PROVIDER_FAULT: _J.PROVIDER_FAULT,
         ExitReason.BAD_INPUT: _J.FAILED,
+        ExitReason.STOPPED: _J.FAILED,
     }
 )
 

@@ -428,6 +428,7 @@ class ExitReason(enum.StrEnum):
     PREEMPTED = "preempted"
     PROVIDER_FAULT = "provider-fault"
     BAD_INPUT = "bad-input"  # the job's image or inputs could not be had as named
+    STOPPED = "stopped"  # the buyer asked the provider to stop it (spec/peer.md rule 13)
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

@@ -83,6 +83,7 @@ OUTCOME_OF: Mapping[ExitReason, Outcome] = MappingProxyType(
         ExitReason.PIDS_EXHAUSTED: Outcome.JOB_FAULT,
         ExitReason.OUTPUT_TOO_LARGE: Outcome.JOB_FAULT,
         ExitReason.BAD_INPUT: Outcome.JOB_FAULT,
+        ExitReason.STOPPED: Outcome.JOB_FAULT,  # its buyer had it stopped: neutral too
         ExitReason.PROVIDER_FAULT: Outcome.PROVIDER_FAULT,
         ExitReason.PREEMPTED: Outcome.ABANDONED,
     }

@@ -102,6 +102,9 @@ class ApiClient:
     def jobs(self) -> list[Json]:
         return self._list("GET", "/v1/jobs")
 
+    def sold(self) -> list[Json]:
+        return self._list("GET", "/v1/sold")
+
     def job(self, job_id: str) -> Json:
         return self._object("GET", _job(job_id))
 
@@ -111,6 +114,10 @@ class ApiClient:
         return self._list(
             "GET", f"{_job(job_id)}/events?{query}", timeout_s=wait_s + _POLL_MARGIN_S
         )
+
+    def live_logs(self, job_id: str, stdout_from: int = 0, stderr_from: int = 0) -> Json:
+        query = urlencode({"stdout_from": stdout_from, "stderr_from": stderr_from})
+        return self._object("GET", f"{_job(job_id)}/logs/live?{query}")
 
     def why(self, job_id: str) -> Json:
         return self._object("GET", f"{_job(job_id)}/why")
@@ -122,8 +129,10 @@ class ApiClient:
         """Have the node write the job's outputs under ``dest`` (made absolute here)."""
         return self._list("POST", f"{_job(job_id)}/outputs", {"dest": str(Path(dest).absolute())})
 
-    def cancel(self, job_id: str) -> Json:
-        return self._object("POST", f"{_job(job_id)}/cancel")
+    def cancel(self, job_id: str, *, waiting_only: bool = False) -> Json:
+        """Withdraw a waiting job, or stop a running one unless ``waiting_only``."""
+        query = "?waiting_only=true" if waiting_only else ""
+        return self._object("POST", f"{_job(job_id)}/cancel{query}")
 
     def market(self) -> Json:
         return self._object("GET", "/v1/market")
@@ -257,4 +266,6 @@ def _job(job_id: str) -> str:
 def _not_running(home: Path | None, url: str | None = None) -> str:
     if home is None:
         return f"no node is listening at {url}; start one with `cx node`"
-    return f"no node is running for home {home}; start one with `cx node`"
+    if not (home / "config.toml").exists():
+        return f"{home} is not a node's home yet; make one with `cx init --home {home}`"
+    return f"no node is running for home {home}; start one with `cx node --home {home}`"

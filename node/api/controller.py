@@ -22,6 +22,7 @@ from node.api.server import serve_api
 from node.api.snapshot import snapshot
 from node.market.reputation import score_of
 from node.market.request import JobRequest, RequestError
+from node.net.transport import NetworkError
 from node.peer import Conflict, Peer, PeerError, UnknownJob
 from protocol.messages import JobState
 
@@ -82,6 +83,9 @@ class NodeController:
         with _refusals():
             return views.job(await self.peer.submit(request))
 
+    def sold(self) -> list[Json]:
+        return [views.sold(s) for s in self.peer.sold()]
+
     def jobs(self) -> list[Json]:
         return [views.job(j) for j in self.peer.jobs()]
 
@@ -101,6 +105,20 @@ class NodeController:
         with _refusals():
             return await self.peer.logs(job_id)
 
+    async def live_logs(self, job_id: str, stdout_from: int, stderr_from: int) -> Json:
+        with _refusals():
+            try:
+                got = await self.peer.live_logs(job_id, (stdout_from, stderr_from))
+            except NetworkError as exc:
+                raise ApiError(409, "unreachable", f"its provider did not answer: {exc}") from exc
+        return {
+            "stdout": got.stdout.decode(errors="replace"),
+            "stderr": got.stderr.decode(errors="replace"),
+            "stdout_next": stdout_from + len(got.stdout),
+            "stderr_next": stderr_from + len(got.stderr),
+            "ended": got.ended,
+        }
+
     async def outputs(self, job_id: str, dest: str) -> list[Json]:
         with _refusals():
             written = await self.peer.outputs(job_id, Path(dest))
@@ -109,9 +127,9 @@ class NodeController:
             for w in written
         ]
 
-    async def cancel(self, job_id: str) -> Json:
+    async def cancel(self, job_id: str, *, waiting_only: bool = False) -> Json:
         with _refusals():
-            return views.job(await self.peer.cancel(job_id))
+            return views.job(await self.peer.cancel(job_id, waiting_only=waiting_only))
 
     def market(self) -> Json:
         m = self.peer.market

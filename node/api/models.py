@@ -16,6 +16,7 @@ __all__ = [
     "HistoryView",
     "JobView",
     "LedgerView",
+    "LiveLogsView",
     "LogsView",
     "MarketView",
     "NodeView",
@@ -23,6 +24,7 @@ __all__ = [
     "PeerView",
     "PriceField",
     "ScoreCheckView",
+    "SoldView",
     "WhyView",
     "WrittenView",
 ]
@@ -45,6 +47,10 @@ class BlobRef(_View):
 class JobView(_View):
     id: str
     name: str | None
+    image: str  # as the request named it: a digest, a registry reference
+    command: list[str]
+    cpu_milli: int
+    memory_bytes: int
     state: str  # node.market.buyer.JOB_STATES
     detail: str
     created_ms: int
@@ -112,6 +118,16 @@ class WhyView(_View):
 class LogsView(_View):
     stdout: str
     stderr: str
+
+
+class LiveLogsView(_View):
+    """A job's output since the byte offsets asked; ask again from ``*_next``."""
+
+    stdout: str  # decoded as UTF-8, a broken sequence replaced
+    stderr: str
+    stdout_next: int
+    stderr_next: int
+    ended: bool  # nothing more will come
 
 
 class OutputsRequest(_View):
@@ -200,6 +216,24 @@ class LedgerEntryView(_View):
     payee: str
     amount: int
     role: str  # "buyer" or "provider"
+
+
+class SoldView(_View):
+    """A job this node runs or ran as provider (``GET /v1/sold``)."""
+
+    id: str  # the agreement id's first 16 hex digits: the name the provider's log uses
+    agreement_id: str
+    state: str  # protocol.messages.JobState
+    buyer: str  # peer id
+    image: str
+    command: list[str]
+    cpu_milli: int
+    memory_bytes: int
+    prices: dict[str, int]
+    max_cost: int
+    earned: int | None  # once the buyer countersigned the receipt
+    created_ms: int
+    started_ms: int | None
 
 
 class LedgerView(_View):

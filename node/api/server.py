@@ -38,9 +38,13 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
                                   to S seconds (at most 60) for one, else []
     GET  /v1/jobs/{id}/why        WhyView
     GET  /v1/jobs/{id}/logs       LogsView
+    GET  /v1/jobs/{id}/logs/live?stdout_from=N&stderr_from=M
+                                  LiveLogsView: the output since those byte offsets, from
+                                  the provider while the job runs
     POST /v1/jobs/{id}/outputs    body {dest: absolute dir on the node's machine}
                                   -> [WrittenView], the files written under dest
-    POST /v1/jobs/{id}/cancel     JobView
+    GET  /v1/sold                 [SoldView]: the jobs this node took as provider
+    POST /v1/jobs/{id}/cancel     JobView (?waiting_only=true: never stop a running job)
     POST /v1/providers/{peer}/check-score
                                   ScoreCheckView: the benchmark run on that provider, its
                                   stated and measured work score (waits for the job)
@@ -120,6 +124,8 @@ class Controller(Live, Protocol):
 
     def jobs(self) -> list[Json]: ...
 
+    def sold(self) -> list[Json]: ...
+
     def job(self, job_id: str) -> Json: ...
 
     async def events(self, job_id: str, after: int, wait_s: float) -> list[Json]: ...
@@ -128,9 +134,11 @@ class Controller(Live, Protocol):
 
     async def logs(self, job_id: str) -> Json: ...
 
+    async def live_logs(self, job_id: str, stdout_from: int, stderr_from: int) -> Json: ...
+
     async def outputs(self, job_id: str, dest: str) -> list[Json]: ...
 
-    async def cancel(self, job_id: str) -> Json: ...
+    async def cancel(self, job_id: str, *, waiting_only: bool = False) -> Json: ...
 
     def market(self) -> Json: ...
 
@@ -234,6 +242,10 @@ def _routes(app: FastAPI, c: Controller) -> None:
     async def jobs() -> list[Json]:
         return c.jobs()
 
+    @app.get("/v1/sold", response_model=list[models.SoldView])
+    async def sold() -> list[Json]:
+        return c.sold()
+
     @app.get("/v1/jobs/{job_id}", response_model=models.JobView, response_model_exclude_unset=True)
     async def job(job_id: JobId) -> Json:
         return c.job(job_id)
@@ -254,6 +266,14 @@ def _routes(app: FastAPI, c: Controller) -> None:
     async def logs(job_id: JobId) -> Json:
         return await c.logs(job_id)
 
+    @app.get("/v1/jobs/{job_id}/logs/live", response_model=models.LiveLogsView)
+    async def live_logs(
+        job_id: JobId,
+        stdout_from: Annotated[int, Query(ge=0, le=_INT_MAX)] = 0,
+        stderr_from: Annotated[int, Query(ge=0, le=_INT_MAX)] = 0,
+    ) -> Json:
+        return await c.live_logs(job_id, stdout_from, stderr_from)
+
     @app.post(
         "/v1/jobs/{job_id}/outputs",
         response_model=list[models.WrittenView],
@@ -267,8 +287,8 @@ def _routes(app: FastAPI, c: Controller) -> None:
     @app.post(
         "/v1/jobs/{job_id}/cancel", response_model=models.JobView, response_model_exclude_unset=True
     )
-    async def cancel(job_id: JobId) -> Json:
-        return await c.cancel(job_id)
+    async def cancel(job_id: JobId, waiting_only: bool = False) -> Json:
+        return await c.cancel(job_id, waiting_only=waiting_only)
 
     @app.post("/v1/providers/{peer_id}/check-score", response_model=models.ScoreCheckView)
     async def check_score(

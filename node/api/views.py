@@ -7,10 +7,11 @@ schema); nothing here reads state or has effects.
 from __future__ import annotations
 
 import dataclasses
+import json
 from collections.abc import Iterable
 from typing import Any
 
-from node.peer import Why
+from node.peer import Sold, Why
 from node.storage.db import JobRow
 from protocol.book import OrderBook
 from protocol.envelope import Signed
@@ -28,9 +29,14 @@ Json = dict[str, Any]
 
 
 def job(row: JobRow) -> Json:
+    asked = json.loads(row.request)  # what the user asked for, as node/market/request.py wrote it
     return {
         "id": row.id,
         "name": row.name,
+        "image": asked.get("image", ""),
+        "command": list(asked.get("command", ())),
+        "cpu_milli": asked.get("cpu_milli", 0),
+        "memory_bytes": asked.get("memory_bytes", 0),
         "state": row.state,
         "detail": row.detail,
         "created_ms": row.created_ms,
@@ -187,6 +193,26 @@ def _wants(bid: Bid, offer: Offer) -> bool:
         and (c.gpu_model is None or any(g.model == c.gpu_model for g in offer.gpus))
         and bid.resources.gpus <= len(offer.gpus)
     )
+
+
+def sold(s: Sold) -> Json:
+    """A job this node took as provider; ``id`` is the name its log gives the job."""
+    t = s.terms
+    return {
+        "id": s.row.id.hex()[:16],
+        "agreement_id": s.row.id.hex(),
+        "state": s.row.state,
+        "buyer": PublicKey(t.buyer).peer_id,
+        "image": t.job.image,
+        "command": list(t.job.command),
+        "cpu_milli": t.resources.cpu_milli,
+        "memory_bytes": t.resources.memory_bytes,
+        "prices": dataclasses.asdict(t.prices),
+        "max_cost": t.max_cost,
+        "earned": s.earned,
+        "created_ms": s.row.created_ms,
+        "started_ms": s.row.started_ms,
+    }
 
 
 def ledger(entries: Iterable[tuple[LedgerEntry, int]], me: bytes) -> Json:

@@ -6,8 +6,9 @@ this module only assembles them, so a new group is one import and one list entry
 
 from __future__ import annotations
 
-import argparse
+import importlib.metadata
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from typing import Any
@@ -26,16 +27,19 @@ from node.cli import (
     market,
     node,
     run,
+    status,
     store,
     testnet,
     top,
 )
+from node.cli.parser import CxParser, parse
 
 __all__ = ["main"]
 
 _GROUPS: tuple[Any, ...] = (
     testnet,
     node,
+    status,
     demo,
     attest,
     image,
@@ -53,28 +57,54 @@ _GROUPS: tuple[Any, ...] = (
 )
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that went away
+
+
+def build_parser() -> CxParser:
+    parser = CxParser(
         prog="cx",
         description="Compute Exchange: a peer-to-peer market for compute.",
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
-    commands = parser.add_subparsers(dest="command", metavar="COMMAND", required=True)
+    parser.add_argument("--version", action="version", version=f"cx {version()}")
+    commands = parser.add_subparsers(dest="subcommand", metavar="COMMAND", required=True)
     for group in _GROUPS:
         group.register(commands)
     return parser
 
 
+def version() -> str:
+    try:
+        return importlib.metadata.version("compute-exchange")
+    except importlib.metadata.PackageNotFoundError:
+        return "unknown (not installed)"
+
+
 def main(argv: Sequence[str] | None = None) -> int:
-    args = build_parser().parse_args(argv)
+    """Run one command; its exit status (argparse's 2 for a malformed command line)."""
+    try:
+        code = _command(argv)
+        sys.stdout.flush()
+    except KeyboardInterrupt:
+        return 130
+    except BrokenPipeError:
+        # `cx jobs | head -2`: the reader has gone; stop quietly, as cat does. Point stdout
+        # at /dev/null so the interpreter's own flush at exit does not raise again.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return EXIT_BROKEN_PIPE
+    return code
+
+
+def _command(argv: Sequence[str] | None) -> int:
+    try:
+        args = parse(build_parser(), argv)
+    except SystemExit as exc:  # argparse's --help, --version and its errors
+        return exc.code if isinstance(exc.code, int) else 2
     logging.basicConfig(
         level=logging.DEBUG if args.verbose else logging.WARNING,
         format="%(levelname)s %(name)s: %(message)s",
     )
-    try:
-        code: int = args.run(args)
-    except KeyboardInterrupt:
-        return 130
+    code: int = args.run(args)
     return code
 
 

@@ -9,17 +9,16 @@ from __future__ import annotations
 
 import argparse
 import json
-import re
 import sys
 import time
 from collections.abc import Callable, Collection, Sequence
-from decimal import Decimal, InvalidOperation
 from pathlib import Path
 
 from node.api.client import ApiClient, ClientError
 from node.api.common import ApiError
 from node.storage.home import default_home
-from protocol.units import MICRO, credits
+from protocol import units
+from protocol.units import UnitError, credits
 
 __all__ = [
     "EXIT_NO_NODE",
@@ -41,9 +40,6 @@ __all__ = [
 
 EXIT_REFUSED = 1
 EXIT_NO_NODE = 3
-
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_TIME_MS = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000, "d": 86_400_000}
 
 
 def add_common(parser: argparse.ArgumentParser, *, json_help: str | None = None) -> None:
@@ -68,20 +64,27 @@ def client(args: argparse.Namespace) -> ApiClient:
 
 
 def talk(
-    name: str, action: Callable[[argparse.Namespace], int]
+    name: str,
+    action: Callable[[argparse.Namespace], int],
+    *,
+    refused: int = EXIT_REFUSED,
+    no_node: int = EXIT_NO_NODE,
 ) -> Callable[[argparse.Namespace], int]:
     """``action`` with the node's refusals and absence turned into one line on stderr and
-    the exit status above. ``name`` is the command as the user typed it (``cx jobs``)."""
+    the exit status above (or ``refused``, ``no_node``: cx wait's are cx run's). ``name``
+    is the command as the user typed it (``cx jobs``)."""
 
     def run(args: argparse.Namespace) -> int:
+        typed = getattr(args, "subcommand", None)  # an alias (cx stop) as the user typed it
+        said = f"cx {typed}" if isinstance(typed, str) else name
         try:
             return action(args)
         except ApiError as exc:
-            print(f"{name}: {exc.message}", file=sys.stderr)
-            return EXIT_REFUSED
+            print(f"{said}: {exc.message}", file=sys.stderr)
+            return refused
         except ClientError as exc:
-            print(f"{name}: {exc}", file=sys.stderr)
-            return EXIT_NO_NODE
+            print(f"{said}: {exc}", file=sys.stderr)
+            return no_node
 
     return run
 
@@ -93,44 +96,25 @@ def print_json(value: object) -> None:
 # -- units ----------------------------------------------------------------------------------
 
 
-def parse_credits(text: str) -> int:
-    """Credits ("1.5") as micro-credits; for argparse ``type=``."""
-    try:
-        value = Decimal(text.strip()) * MICRO
-    except InvalidOperation:
-        value = Decimal("NaN")
-    if not value.is_finite() or value < 0 or value != value.to_integral_value():
-        raise argparse.ArgumentTypeError(
-            f"{text!r} is not an amount of credits like 1.5 (at most 6 decimals)"
-        )
-    return int(value)
+def _argument(parse: Callable[[str], int]) -> Callable[[str], int]:
+    """``parse`` for argparse ``type=``: its UnitError becomes argparse's one-line error."""
+
+    def parse_argument(text: str) -> int:
+        try:
+            return parse(text)
+        except UnitError as exc:
+            raise argparse.ArgumentTypeError(str(exc)) from None
+
+    parse_argument.__name__ = parse.__name__
+    return parse_argument
 
 
-def size_bytes(text: str) -> int:
-    """512M, 2G, 1024 (bytes), 64KiB; for argparse ``type=``."""
-    m = re.fullmatch(r"(\d+)\s*([kmgt]?)(i?b)?", text.strip().lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512M or 2G")
-    return int(m.group(1)) * _UNITS[m.group(2)]
-
-
-def duration_ms(text: str) -> int:
-    """30s, 10m, 2h, 1d, 500ms; a bare number is seconds; for argparse ``type=``."""
-    m = re.fullmatch(r"(\d+)(ms|s|m|h|d)?", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s, 10m or 2h")
-    return int(m.group(1)) * _TIME_MS[m.group(2) or "s"]
-
-
-def cpu(text: str) -> int:
-    """Cores (0.5, 2) or millicores (500m) as millicores; for argparse ``type=``."""
-    try:
-        milli = int(text[:-1]) if text.endswith("m") else int(Decimal(text) * 1000)
-    except (ValueError, InvalidOperation):
-        milli = 0
-    if milli <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a CPU amount like 0.5, 2 or 500m")
-    return milli
+# One grammar for every command (protocol/units.py): SI and binary sizes, cores or
+# millicores, durations with units, credits.
+parse_credits = _argument(units.parse_credits)
+size_bytes = _argument(units.parse_size)
+duration_ms = _argument(units.parse_duration_ms)
+cpu = _argument(units.parse_cpu_milli)
 
 
 def age(at_ms: int | None, now_ms: int | None = None) -> str:

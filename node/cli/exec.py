@@ -10,7 +10,6 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import re
 import shutil
 import sys
 import time
@@ -20,9 +19,10 @@ from typing import Any
 
 import trio
 
-from node.cli.image import add_home_option, resolve_image
+from node.cli.common import add_common, cpu, duration_ms, size_bytes
+from node.cli.image import resolve_image
 from node.exec.executor import CapacityExceeded, Executor, ExecutorConfig, JobResult
-from node.storage.image import ImageError, import_image
+from node.storage.image import ImageError, image_command, image_config, import_image
 from node.storage.registry import (
     Login,
     RegistryError,
@@ -38,8 +38,6 @@ __all__ = ["local_image", "parse_input", "progress_printer", "register", "run_lo
 
 EXIT_INPUT = 2
 EXIT_FAULT = 3
-_UNITS = {"": 1, "k": 1 << 10, "m": 1 << 20, "g": 1 << 30, "t": 1 << 40}
-_TIME = {"ms": 1, "s": 1000, "m": 60_000, "h": 3_600_000}
 # The option a user typed for each field protocol.limits names.
 _OPTION = {
     "resources.cpu_milli": "--cpu",
@@ -53,26 +51,6 @@ _OPTION = {
 }
 
 
-def _bytes(text: str) -> int:
-    m = re.fullmatch(r"(\d+)\s*([kmgt]?)(i?b)?", text.strip().lower())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a size like 512M or 2G")
-    return int(m.group(1)) * _UNITS[m.group(2)]
-
-
-def _ms(text: str) -> int:
-    m = re.fullmatch(r"(\d+)(ms|s|m|h)?", text.strip())
-    if not m:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a duration like 30s or 5m")
-    return int(m.group(1)) * _TIME[m.group(2) or "s"]
-
-
-def _cpu(text: str) -> int:
-    if text.endswith("m"):
-        return int(text[:-1])
-    return int(float(text) * 1000)
-
-
 def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
     p = commands.add_parser(
         "exec",
@@ -82,19 +60,31 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "login comes from CX_REGISTRY_USERNAME and CX_REGISTRY_PASSWORD) with the limits "
         "given, then print the exit reason, metered usage and output digests.",
     )
-    p.add_argument("image")
     p.add_argument(
-        "command", nargs=argparse.REMAINDER, help="command and arguments (options go before IMAGE)"
+        "image",
+        metavar="IMAGE",
+        help="a name or digest from cx image ls, or HOST[:PORT]/REPO@sha256:...",
     )
-    p.add_argument("--cpu", type=_cpu, default=1000, help="cores (1.5) or millicores (500m)")
-    p.add_argument("--memory", type=_bytes, default=256 << 20, help="memory limit, e.g. 512M")
     p.add_argument(
-        "--disk", type=_bytes, default=0, help="scratch disk, the job's /tmp (default: 64M tmpfs)"
+        "command",
+        nargs=argparse.REMAINDER,
+        help="command and arguments (options go before IMAGE); default the image's CMD, "
+        "after its ENTRYPOINT, as docker run does",
     )
-    p.add_argument("--max-output", type=_bytes, default=64 << 20, help="output area cap")
-    p.add_argument("--timeout", type=_ms, default=3_600_000, help="wall clock, e.g. 30s")
+    p.add_argument("--cpu", "--cpus", type=cpu, default=1000,
+                   help="cores (1.5) or millicores (500m); default 1")  # fmt: skip
+    p.add_argument("-m", "--memory", type=size_bytes, default=256 << 20,
+                   help="memory limit, e.g. 512Mi or 1G; default 256Mi")  # fmt: skip
+    p.add_argument("--disk", type=size_bytes, default=0,
+                   help="scratch disk, the job's /tmp, e.g. 1Gi; default a 64Mi tmpfs")  # fmt: skip
+    p.add_argument("--max-output", type=size_bytes, default=64 << 20,
+                   help="output area cap, e.g. 100M; default 64Mi")  # fmt: skip
+    p.add_argument("--timeout", type=duration_ms, default=3_600_000, metavar="DURATION",
+                   help="wall-clock limit, e.g. 30s, 10m, 1.5h (a bare number is seconds); "
+                   "default 1h")  # fmt: skip
     p.add_argument("--network", action="store_true", help="allow the network (host's)")
-    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
+                   help="set a variable in the job (repeatable)")  # fmt: skip
     p.add_argument(
         "--input",
         action="append",
@@ -109,16 +99,12 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     p.add_argument("--runtime", choices=["crun", "runc"], help="override the runtime choice")
     p.add_argument("--pids", type=int, default=512, help="pids limit")
     p.add_argument("--json", action="store_true", help="print the result as JSON")
-    add_home_option(p)
+    add_common(p)
     p.set_defaults(run=_run)
 
 
 def _run(args: argparse.Namespace) -> int:
     command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        print("cx exec: give a command after the image, e.g. cx exec busybox -- echo hi",
-              file=sys.stderr)  # fmt: skip
-        return EXIT_INPUT
     try:
         return trio.run(_exec, args, tuple(command))
     except OutOfBounds as exc:  # say which option
@@ -132,7 +118,9 @@ def _run(args: argparse.Namespace) -> int:
 async def _exec(args: argparse.Namespace, command: tuple[str, ...]) -> int:
     resources = Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk)
     store = BlobStore(args.home / "store")
-    spec = _job(args, store, command, await local_image(args.image, store))
+    image = await local_image(args.image, store)
+    command = image_command(image_config(store, image), command)  # as docker run does
+    spec = _job(args, store, command, image)
     checkpoint = None
     if args.checkpoint_dir or args.resume:
         checkpoint = Checkpoint(path=args.checkpoint_dir or "/checkpoint", resume_from=args.resume)

@@ -10,12 +10,11 @@ Exit status: 0 done (the manifest digest alone on stdout for build-rootfs and im
 from __future__ import annotations
 
 import argparse
-import json
 import sys
 from pathlib import Path
 from typing import Any
 
-from node.storage.home import default_home
+from node.cli.common import add_common, print_json, table
 from node.storage.image import (
     ImageError,
     RootfsCache,
@@ -24,19 +23,11 @@ from node.storage.image import (
     list_images,
 )
 from node.storage.store import BlobStore
+from protocol.units import size
 
-__all__ = ["add_home_option", "register", "resolve_image"]
+__all__ = ["register", "resolve_image"]
 
 EXIT_INPUT = 2
-
-
-def add_home_option(parser: argparse.ArgumentParser) -> None:
-    parser.add_argument(
-        "--home",
-        type=Path,
-        default=default_home(),
-        help="the node's home (store, jobs); default $CX_HOME, else /var/lib/cx as root",
-    )
 
 
 def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
@@ -51,27 +42,29 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     build.add_argument("--busybox", default="/bin/busybox", help="static busybox binary")
     build.add_argument("--tag", default="busybox", help="ref name in index.json")
     build.add_argument("--import", dest="do_import", action="store_true", help="also import it")
-    add_home_option(build)
+    add_common(build)
     build.set_defaults(run=_build)
 
     imp = sub.add_parser(
         "import", help="import an OCI layout dir, OCI archive or docker-save archive"
     )
-    imp.add_argument("path", type=Path)
+    imp.add_argument(
+        "path", type=Path, help="an OCI layout directory, OCI archive or `docker save` archive"
+    )
     imp.add_argument("--ref", help="tag to pick when the image holds several")
     imp.add_argument("--arch", help="architecture to resolve a multi-arch index to")
     imp.add_argument("--unpack", action="store_true", help="unpack now rather than on first run")
-    add_home_option(imp)
+    add_common(imp)
     imp.set_defaults(run=_import)
 
     ls = sub.add_parser("ls", help="list imported images")
-    ls.add_argument("--json", action="store_true")
-    add_home_option(ls)
+    ls.add_argument("--json", action="store_true", help="print the images as JSON")
+    add_common(ls)
     ls.set_defaults(run=_ls)
 
     gc = sub.add_parser("gc", help="delete blobs and unpacked trees nothing refers to")
     gc.add_argument("--grace", type=float, default=3600.0, help="keep blobs younger (seconds)")
-    add_home_option(gc)
+    add_common(gc)
     gc.set_defaults(run=_gc)
 
 
@@ -112,25 +105,24 @@ def _import(args: argparse.Namespace) -> int:
 def _ls(args: argparse.Namespace) -> int:
     images = list_images(_store(args))
     if args.json:
-        print(
-            json.dumps(
-                [
-                    {
-                        "manifest": i.manifest,
-                        "names": list(i.names),
-                        "size": i.size,
-                        "layers": len(i.layers),
-                        "arch": i.arch,
-                    }
-                    for i in images
-                ]
-            )
+        print_json(
+            [
+                {
+                    "manifest": i.manifest,
+                    "names": list(i.names),
+                    "size": i.size,
+                    "layers": len(i.layers),
+                    "arch": i.arch,
+                }
+                for i in images
+            ]
         )
         return 0
-    print(f"{'MANIFEST':<25} {'NAMES':<24} {'LAYERS':>6} {'SIZE':>10} ARCH")
-    for i in images:
-        names = ",".join(i.names) or "-"
-        print(f"{i.manifest[:25]} {names:<24} {len(i.layers):>6} {i.size / 1e6:>8.1f}MB {i.arch}")
+    rows = [
+        (i.manifest[7:19], ",".join(i.names) or "-", len(i.layers), size(i.size), i.arch)
+        for i in images
+    ]
+    print(table(("IMAGE ID", "NAMES", "LAYERS", "SIZE", "ARCH"), rows, right=(2, 3)))
     return 0
 
 
@@ -150,9 +142,21 @@ def resolve_image(store: BlobStore, name: str) -> str:
     """
     images = list_images(store)
     full = name if name.startswith("sha256:") else "sha256:" + name
-    matches = [i.manifest for i in images if name in i.names or i.manifest.startswith(full)]
+    also = name.removesuffix(":latest")  # docker's default tag: `busybox:latest` is `busybox`
+    matches = [
+        i.manifest
+        for i in images
+        if name in i.names or also in i.names or i.manifest.startswith(full)
+    ]
     if len(set(matches)) == 1:
         return matches[0]
-    if not matches:
-        raise ImageError(f"no imported image matches {name!r}: see cx image ls")
-    raise ImageError(f"{name!r} matches {len(set(matches))} images: give more of the digest")
+    if matches:
+        raise ImageError(f"{name!r} matches {len(set(matches))} images: give more of the digest")
+    if name.startswith(("/", "./", "../")) or name.endswith(".tar"):
+        raise ImageError(f"{name} does not exist (no such file or directory)")
+    known = sorted({n for i in images for n in i.names})
+    held = f"the store holds {', '.join(known[:6])}" if known else "no image is imported yet"
+    raise ImageError(
+        f"no imported image is named {name!r} ({held}); import one with "
+        "`cx image import PATH`, or see cx image ls"
+    )

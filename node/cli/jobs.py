@@ -8,15 +8,20 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 from typing import Any
 
+from node.api.client import ApiClient
 from node.cli.common import add_common, age, client, credits, print_json, short_peer, table, talk
 from node.cli.live import follow
+from protocol.units import cores, size
 
 __all__ = ["register"]
 
 Json = dict[str, Any]
+_JOB_HELP = "a job id, or a prefix of one that names one job (see cx jobs)"
+_FOLLOW_S = 0.5  # how often cx logs -f asks again when nothing new has come
 _PRICE_UNITS = (
     ("cpu_core_hour", "core-h"),
     ("memory_gib_hour", "GiB-h memory"),
@@ -35,15 +40,27 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     jobs.add_argument(
         "--watch", action="store_true", help="keep the list on screen, redrawn at every change"
     )
+    jobs.add_argument(
+        "--sold",
+        action="store_true",
+        help="the jobs this node runs or ran for others as provider, and what each earned",
+    )
     add_common(jobs, json_help="print the JobView(s) as JSON")
     jobs.set_defaults(run=talk("cx jobs", _jobs))
 
     logs = commands.add_parser(
         "logs",
         help="print a job's stdout (and its stderr to stderr)",
-        description="Print JOB's stdout to stdout and its stderr to stderr.",
+        description="Print JOB's stdout to stdout and its stderr to stderr: once it has "
+        "ended, all of it; with -f, as it is written, from its provider while it runs.",
     )
-    logs.add_argument("job", metavar="JOB")
+    logs.add_argument("job", metavar="JOB", help=_JOB_HELP)
+    logs.add_argument(
+        "-f",
+        "--follow",
+        action="store_true",
+        help="print the output as the job writes it, until it ends",
+    )
     add_common(logs, json_help="print {stdout, stderr} as JSON")
     logs.set_defaults(run=talk("cx logs", _logs))
 
@@ -52,7 +69,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="fetch a job's output files",
         description="Fetch the files JOB wrote to its output directory into DEST.",
     )
-    get.add_argument("job", metavar="JOB")
+    get.add_argument("job", metavar="JOB", help=_JOB_HELP)
     get.add_argument("dest", nargs="?", type=Path, default=Path(), metavar="DEST",
                      help="directory to write them under (default: the current one)")  # fmt: skip
     add_common(get, json_help="print [{path, file, size}] as JSON")
@@ -64,16 +81,20 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         description="Explain how the market sees JOB's bid: the offers seen, the constraints "
         "that ruled them out, and the best price against your limit.",
     )
-    why.add_argument("job", metavar="JOB")
+    why.add_argument("job", metavar="JOB", help=_JOB_HELP)
     add_common(why, json_help="print the explanation as JSON")
     why.set_defaults(run=talk("cx why", _why))
 
     cancel = commands.add_parser(
         "cancel",
-        help="cancel a job that has not been matched yet",
-        description="Cancel JOB while it waits for a match: its bid is withdrawn everywhere.",
+        aliases=["stop"],
+        help="cancel a waiting job, or stop a running one",
+        description="Cancel JOB: while it waits for a match its bid is withdrawn everywhere, "
+        "and nothing is paid; once a provider has it, the provider stops the container "
+        "(SIGTERM, then SIGKILL) and its receipt, exit reason `stopped`, charges the time "
+        "used. `cx wait JOB` follows it to that end.",
     )
-    cancel.add_argument("job", metavar="JOB")
+    cancel.add_argument("job", metavar="JOB", help=_JOB_HELP)
     add_common(cancel, json_help="print the JobView as JSON")
     cancel.set_defaults(run=talk("cx cancel", _cancel))
 
@@ -84,6 +105,13 @@ def _jobs(args: argparse.Namespace) -> int:
             args, "cx jobs", lambda snapshot: render_jobs(snapshot["jobs"], snapshot["at_ms"])
         )
     api = client(args)
+    if args.sold:
+        sold = api.sold()
+        if args.json:
+            print_json(sold)
+        else:
+            print(render_sold(sold))
+        return 0
     if args.job is not None:
         job = api.job(args.job)
         if args.json:
@@ -105,6 +133,9 @@ def render_jobs(jobs: list[Json], now_ms: int | None = None) -> str:
             j["id"],
             j.get("name") or "-",
             j["state"],
+            _short_image(j.get("image", "")),
+            _short_command(j.get("command") or []),
+            _resources(j),
             short_peer(j.get("provider")),
             j.get("attempts", 0),
             credits(j.get("cost")),
@@ -112,8 +143,55 @@ def render_jobs(jobs: list[Json], now_ms: int | None = None) -> str:
         )
         for j in jobs
     ]
-    headers = ("ID", "NAME", "STATE", "PROVIDER", "ATTEMPTS", "COST", "AGE")
-    return table(headers, rows, right=(4, 5, 6))
+    headers = (
+        "ID", "NAME", "STATE", "IMAGE", "COMMAND", "CPU/MEMORY", "PROVIDER", "ATTEMPTS", "COST",
+        "AGE",
+    )  # fmt: skip
+    return table(headers, rows, right=(7, 8, 9))
+
+
+def render_sold(sold: list[Json], now_ms: int | None = None) -> str:
+    """A provider's work, newest first: ID is the name its log gives each job."""
+    rows = [
+        (
+            s["id"],
+            s["state"],
+            short_peer(s.get("buyer")),
+            _short_image(s.get("image", "")),
+            _short_command(s.get("command") or []),
+            _resources(s),
+            credits(s.get("earned")),
+            age(s.get("created_ms"), now_ms),
+        )
+        for s in sold
+    ]
+    headers = ("ID", "STATE", "BUYER", "IMAGE", "COMMAND", "CPU/MEMORY", "EARNED", "AGE")
+    earned = sum(s.get("earned") or 0 for s in sold)
+    return "\n".join(
+        [
+            f"earned: {credits(earned)} credits from {len(sold)} job(s) sold",
+            "",
+            table(headers, rows, right=(6, 7)),
+        ]
+    )
+
+
+def _short_image(image: str) -> str:
+    """A digest as its first 12 hex digits (as docker shows image ids); a registry
+    reference as its repository."""
+    if image.startswith("sha256:"):
+        return image[7:19]
+    return image.split("@")[0].rsplit("/", 1)[-1] or "-"
+
+
+def _short_command(command: list[str], width: int = 24) -> str:
+    text = " ".join(command) or "-"
+    return text if len(text) <= width else text[: width - 2] + ".."
+
+
+def _resources(job: Json) -> str:
+    cpu = cores(job.get("cpu_milli", 0)).split()[0]
+    return f"{cpu}/{size(job.get('memory_bytes', 0)).replace(' ', '')}"
 
 
 def render_job(job: Json, now_ms: int | None = None) -> str:
@@ -124,6 +202,9 @@ def render_job(job: Json, now_ms: int | None = None) -> str:
     fields = [
         ("id", job["id"]),
         ("name", job.get("name") or "-"),
+        ("image", job.get("image") or "-"),
+        ("command", " ".join(job.get("command") or []) or "-"),
+        ("resources", _resources(job)),
         ("state", " - ".join(x for x in (job["state"], job.get("detail")) if x)),
         ("provider", job.get("provider") or "-"),
         ("attempts", job.get("attempts", 0)),
@@ -149,6 +230,8 @@ def _prices(price: Json) -> str:
 
 
 def _logs(args: argparse.Namespace) -> int:
+    if args.follow:
+        return _follow_logs(client(args), args.job)
     logs = client(args).logs(args.job)
     if args.json:
         print_json(logs)
@@ -157,6 +240,23 @@ def _logs(args: argparse.Namespace) -> int:
     sys.stderr.flush()
     sys.stdout.write(logs.get("stdout", ""))
     return 0
+
+
+def _follow_logs(api: ApiClient, job: str) -> int:
+    """Print what the job writes as it writes it (its provider is asked every
+    ``_FOLLOW_S``), until it has ended and its last output is out."""
+    offsets = (0, 0)
+    while True:
+        got = api.live_logs(job, *offsets)
+        sys.stderr.write(got["stderr"])
+        sys.stderr.flush()
+        sys.stdout.write(got["stdout"])
+        sys.stdout.flush()
+        offsets = (got["stdout_next"], got["stderr_next"])
+        if got["ended"]:
+            return 0
+        if not (got["stdout"] or got["stderr"]):
+            time.sleep(_FOLLOW_S)
 
 
 def _get(args: argparse.Namespace) -> int:
@@ -183,24 +283,11 @@ def _why(args: argparse.Namespace) -> int:
 
 
 def render_why(job: str, why: Json) -> str:
+    """The node's explanation (protocol/explain.py: counts per constraint, then what to
+    change, prices compared per unit as matching does), said once. Before: a second list
+    of the same counts, and a sentence comparing a whole-job total with a unit limit."""
     seen = why.get("offers_seen", 0)
     lines = [f"job {job} is {why.get('state', '?')}; its bid has seen {seen} offer(s)."]
-    ruled = {k: n for k, n in (why.get("ruled_out") or {}).items() if n}
-    if ruled:
-        width = max(len(k) for k in ruled)
-        lines.append("ruled out by:")
-        lines += [
-            f"  {k:<{width}}  {n} offer(s)" for k, n in sorted(ruled.items(), key=lambda kv: -kv[1])
-        ]
-    best = why.get("best_price")
-    limit = credits(why.get("limit"))
-    if best is None:
-        lines.append(f"no offer fits apart from price; your limit is {limit} credits.")
-    else:
-        lines.append(
-            f"the cheapest offer that fits otherwise would cost {credits(best)} credits; "
-            f"your limit is {limit} credits."
-        )
     if why.get("explanation"):
         lines.append(why["explanation"])
     return "\n".join(lines)
@@ -210,6 +297,8 @@ def _cancel(args: argparse.Namespace) -> int:
     job = client(args).cancel(args.job)
     if args.json:
         print_json(job)
+    elif job["state"] == "cancelled":
+        print(f"job {job['id']}: cancelled")
     else:
-        print(f"job {job['id']}: {job['state']}")
+        print(f"job {job['id']}: {job['state']}; its provider is stopping it (see cx wait)")
     return 0

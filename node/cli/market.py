@@ -215,7 +215,7 @@ def render_ledger(ledger: Json, now_ms: int | None = None) -> str:
             short_peer(e.get("payee")),
             credits(e.get("amount")),
         )
-        for e in ledger.get("entries") or []
+        for e in reversed(ledger.get("entries") or [])  # newest first, as cx jobs
     ]
     headers = ("AGE", "AGREEMENT", "ROLE", "PAYER", "PAYEE", "AMOUNT")
     return "\n".join(
@@ -245,7 +245,7 @@ def _peers(args: argparse.Namespace) -> int:
         return 0
     rows = [
         (
-            p["peer_id"],
+            short_peer(p["peer_id"]),  # as in every table; --json has them whole
             f"{p['score']:g}" if isinstance(p.get("score"), int | float) else "-",
             str(p.get("reputation", 0)),
             _addrs(p.get("addrs") or []),

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import argparse
+import json
 import logging
 import signal
 import sys
@@ -10,14 +11,28 @@ from typing import Any
 
 import trio
 
-from node.cli.common import add_common, cpu, parse_credits, print_json, size_bytes
+from node.cli.common import add_common, cpu, credits, parse_credits, print_json, size_bytes
 from node.cli.logs_json import use_json_logs
+from node.storage.config_rules import host_shortfall
 from node.storage.db import DamagedDatabase
-from node.storage.home import DEFAULT_LISTEN, Home, HomeError, NodeConfig, ProviderConfig, init_home
+from node.storage.home import (
+    DEFAULT_LISTEN,
+    DEFAULT_PRICES,
+    Home,
+    HomeError,
+    NodeConfig,
+    ProviderConfig,
+    init_home,
+)
 from node.storage.image import host_arch
 from protocol.messages import Arch, Prices, Resources
 
 GIB = 1 << 30
+_PRICE_FLAGS = (  # cx init's price options: flag, Prices field, what it is per
+    ("--price", "cpu_core_hour", "core-hour of CPU"),
+    ("--memory-price", "memory_gib_hour", "GiB-hour of memory"),
+    ("--disk-price", "disk_gib_hour", "GiB-hour of disk"),
+)
 
 
 def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subparsers type
@@ -31,7 +46,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         epilog=(
             "examples:\n"
             "  cx init\n"
-            "  cx init --provider --cpu 4 --memory 8G --price 0.09 --region eu\n"
+            "  cx init --provider --cpu 4 --memory 8Gi --price 1 --region eu\n"
             "  cx init --home /tmp/b --bootstrap /ip4/127.0.0.1/tcp/4001/p2p/12D3Koo..."
         ),
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -80,23 +95,29 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     )
     sell = init.add_argument_group("provider")
     sell.add_argument("--provider", action="store_true", help="offer this machine's capacity")
-    sell.add_argument("--cpu", type=cpu, default=2000, help="cores to sell (default 2)")
     sell.add_argument(
-        "--memory", type=size_bytes, default=2 * GIB, help="memory to sell (default 2G)"
-    )
-    sell.add_argument("--disk", type=size_bytes, default=4 * GIB, help="disk to sell (default 4G)")
-    sell.add_argument(
-        "--price",
-        type=parse_credits,
-        default=90_000_000,
-        help="credits per core-hour of CPU (default 90)",
+        "--cpu", "--cpus", type=cpu, default=2000, help="cores to sell, e.g. 4 (default 2)"
     )
     sell.add_argument(
-        "--memory-price",
-        type=parse_credits,
-        default=9_000_000,
-        help="credits per GiB-hour of memory (default 9)",
+        "-m",
+        "--memory",
+        type=size_bytes,
+        default=2 * GIB,
+        help="memory to sell, e.g. 8Gi or 8G (default 2Gi)",
     )
+    sell.add_argument(
+        "--disk", type=size_bytes, default=4 * GIB, help="disk to sell, e.g. 20Gi (default 4Gi)"
+    )
+    for flag, field, unit in _PRICE_FLAGS:
+        default = getattr(DEFAULT_PRICES, field)
+        sell.add_argument(
+            flag,
+            dest=field,
+            type=parse_credits,
+            default=default,
+            metavar="CREDITS",
+            help=f"credits per {unit} (default {credits(default)})",
+        )
     sell.add_argument("--region", default="", help="region label buyers can ask for")
     sell.add_argument(
         "--arch",
@@ -121,7 +142,8 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
             "for the other commands. Stop it with Ctrl-C or SIGTERM."
         ),
     )
-    add_common(node)
+    add_common(node, json_help="print the started node as one line of JSON (peer id, role, "
+               "listen addresses, control API URL)")  # fmt: skip
     node.add_argument(
         "--bootstrap", action="append", default=[], metavar="MULTIADDR", help="also join this peer"
     )
@@ -147,7 +169,11 @@ def _init(args: argparse.Namespace) -> int:
     if args.provider:
         provider = ProviderConfig(
             capacity=Resources(cpu_milli=args.cpu, memory_bytes=args.memory, disk_bytes=args.disk),
-            prices=Prices(cpu_core_hour=args.price, memory_gib_hour=args.memory_price),
+            prices=Prices(
+                cpu_core_hour=args.cpu_core_hour,
+                memory_gib_hour=args.memory_gib_hour,
+                disk_gib_hour=args.disk_gib_hour,
+            ),
             arch=Arch(args.arch),
             region=args.region,
             tpm=args.tpm or args.tcti is not None,
@@ -163,6 +189,7 @@ def _init(args: argparse.Namespace) -> int:
         ek_roots=tuple(str(p) for p in args.ek_root),
         provider=provider,
     )
+    _warn_beyond_host("cx init", config)
     try:
         home = init_home(args.home.expanduser(), config, force=args.force)
         peer_id = home.key().peer_id
@@ -184,14 +211,22 @@ def _node(args: argparse.Namespace) -> int:
         use_json_logs()
     home = Home(args.home.expanduser())
     try:
-        trio.run(_serve, home, tuple(args.bootstrap))
+        _warn_beyond_host("cx node", home.config())
+        trio.run(_serve, home, tuple(args.bootstrap), args.json)
     except (HomeError, DamagedDatabase, BaseExceptionGroup) as exc:
         refusal = start_refusal(exc)
         if refusal is None:
             raise
-        print(f"cx node: {refusal}", file=sys.stderr)
+        for line in str(refusal).splitlines():  # one line per problem, each saying whose
+            print(f"cx node: {line}", file=sys.stderr)
         return 1
     return 0
+
+
+def _warn_beyond_host(name: str, config: NodeConfig) -> None:
+    if config.provider is not None:
+        for line in host_shortfall(config.provider.capacity):
+            print(f"{name}: warning: this provider {line}", file=sys.stderr)
 
 
 def start_refusal(exc: BaseException) -> BaseException | None:
@@ -202,7 +237,7 @@ def start_refusal(exc: BaseException) -> BaseException | None:
     return exc if isinstance(exc, HomeError | DamagedDatabase) else None
 
 
-async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:
+async def _serve(home: Home, bootstrap: tuple[str, ...], as_json: bool) -> None:
     from node.api.controller import serve_control  # imported here: keeps `cx --help` fast
     from node.gc_policy import tune_gc
     from node.peer import serve_peer
@@ -212,10 +247,14 @@ async def _serve(home: Home, bootstrap: tuple[str, ...]) -> None:
         peer = await nursery.start(serve_peer, home)
         for addr in bootstrap:
             await peer.join(addr)
-        await nursery.start(serve_control, peer)
+        api = await nursery.start(serve_control, peer)
         role = "provider" if peer.provider is not None else "buyer"
-        addrs = ", ".join(peer.net.listen_addrs)
-        print(f"cx node {peer.net.peer_id} ({role}) listening on {addrs}", flush=True)
+        if as_json:  # one line a supervisor can read
+            started = {"peer_id": peer.net.peer_id, "role": role, "api": api}
+            print(json.dumps({**started, "listen": peer.net.listen_addrs}), flush=True)
+        else:
+            addrs = ", ".join(peer.net.listen_addrs)
+            print(f"cx node {peer.net.peer_id} ({role}) listening on {addrs}", flush=True)
         with trio.open_signal_receiver(signal.SIGTERM, signal.SIGINT) as signals:
             async for _ in signals:
                 print("stopping", flush=True)

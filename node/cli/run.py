@@ -30,8 +30,10 @@ from node.cli.common import (
     credits,
     duration_ms,
     parse_credits,
+    print_json,
     short_peer,
     size_bytes,
+    talk,
 )
 from node.cli.estimate import (
     DEFAULT_DISK,
@@ -46,7 +48,7 @@ from node.cli.image import resolve_image
 from node.market.buyer import FINAL_STATES
 from node.market.request import JobRequest, RequestError, build_request
 from node.storage.fetching import FetchError
-from node.storage.image import ImageError
+from node.storage.image import ImageError, image_command, image_config, import_image
 from node.storage.objects import S3Keys, hash_object
 from node.storage.registry import Login, RegistryError, looks_like_registry_ref
 from node.storage.store import BlobStore
@@ -59,13 +61,14 @@ __all__ = ["Unusable", "exit_status", "register", "request_image"]
 EXIT_NEVER_RAN = 2
 EXIT_CX = 125
 _POLL_S = 30.0
+_HINT_S = 5.0
 _UNMATCHED = ("waiting", "negotiating")
 _DIGEST = re.compile(r"sha256:[0-9a-f]{64}")
 
 _EPILOG = """\
 examples:
   cx run --max-price 1.5 busybox -- echo hello
-  cx run --cpu 0.5 --memory 128M --timeout 10m --max-price 2 \\
+  cx run --cpu 0.5 --memory 128Mi --timeout 10m --max-price 2 \\
          --input data.csv:/in/data.csv --output ./out \\
          busybox -- sh -c 'wc -l < /in/data.csv > /out/count'
   cx run --detach --name train --preemptible --checkpoint-path /ckpt \\
@@ -77,8 +80,10 @@ examples:
   cx run --memory 1G --elastic-memory 8G --elastic-cpu 16 --max-price 1 app -- ./train
 
 IMAGE is a manifest digest (sha256:...), a name or digest prefix from `cx image ls` in the
-node's store, the path of an OCI layout directory or archive, which the node imports, or a
-registry image pinned by digest, HOST[:PORT]/REPO@sha256:..., which the provider pulls.
+node's store, the path of an OCI layout directory or archive, which cx run imports into the
+node's store, or a registry image pinned by digest, HOST[:PORT]/REPO@sha256:..., which the
+provider pulls. Without COMMAND the image's CMD runs; its ENTRYPOINT comes first either way,
+as with docker run (a registry image needs COMMAND: only the provider reads its config).
 A private registry's login comes from CX_REGISTRY_USERNAME and CX_REGISTRY_PASSWORD, S3
 keys from AWS_ACCESS_KEY_ID, AWS_SECRET_ACCESS_KEY (AWS_SESSION_TOKEN); they go sealed to
 the provider that runs the job, and nowhere else.
@@ -91,8 +96,9 @@ offers ask.
 
 exit status:
   0    the job succeeded (with --detach: it was submitted; its id is printed)
-  N    the job failed with exit code N
-  1    it failed without an exit code (killed, out of memory, timed out, provider fault)
+  N    the job exited with code N of its own
+  1    it failed otherwise (out of memory, timed out, too many processes, output too
+       large, bad input, provider fault), whatever signal ended it
   2    it never ran: not matched within --wait-match (it is then cancelled), or cancelled
        (2 is also argparse's status for a malformed command line)
   125  cx could not submit or follow it: no node running, request refused, bad option
@@ -125,13 +131,21 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     )
     p.add_argument("image", metavar="IMAGE", help="digest, name in the store, or OCI path")
     p.add_argument(
-        "command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...", help="what to run in it"
+        "command",
+        nargs=argparse.REMAINDER,
+        metavar="-- COMMAND ...",
+        help="what to run in it; default the image's CMD, after its ENTRYPOINT (docker's rule)",
     )
     need = p.add_argument_group("resources")
-    need.add_argument("--cpu", type=cpu, help="cores (0.5, 2) or 500m; default 1")
-    need.add_argument("--memory", type=size_bytes, help="memory, e.g. 512M; default 256M")
+    need.add_argument("--cpu", "--cpus", type=cpu, help="cores (0.5, 2) or 500m; default 1")
     need.add_argument(
-        "--disk", type=size_bytes, help="scratch disk (the job's /tmp), e.g. 1G; default 0"
+        "-m",
+        "--memory",
+        type=size_bytes,
+        help="memory, e.g. 512Mi or 1G (SI or binary suffixes); default 256Mi",
+    )
+    need.add_argument(
+        "--disk", type=size_bytes, help="scratch disk (the job's /tmp), e.g. 1Gi; default 0"
     )
     need.add_argument("--gpus", type=int, default=0, help="number of GPUs; default 0")
     need.add_argument(
@@ -153,7 +167,8 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "--timeout",
         type=duration_ms,
         metavar="DURATION",
-        help="wall-clock limit of the job, e.g. 30s, 10m, 2h; default 1h",
+        help="wall-clock limit of the job, e.g. 30s, 10m, 1.5h (a bare number is seconds); "
+        "default 1h",
     )
     money = p.add_argument_group("prices (credits)")
     money.add_argument(
@@ -243,6 +258,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="upload the job's outputs under this prefix (the node's [s3] endpoint)",
     )
     job.add_argument(
+        "-e",
         "--env",
         action="append",
         default=[],
@@ -281,14 +297,43 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         metavar="DURATION",
         help="cancel the job if no provider takes it within DURATION; default: wait",
     )
-    add_common(p)
+    add_common(
+        p,
+        json_help="print the job as JSON on stdout when it has ended (with --detach: as "
+        "submitted) instead of its output; progress stays on stderr",
+    )
     p.set_defaults(run=_run)
+
+    wait = commands.add_parser(
+        "wait",
+        aliases=["attach"],
+        help="follow a job until it ends, as cx run does (after --detach or Ctrl-C)",
+        description="Follow JOB's progress until it ends, then print its output and exit with "
+        "its status, as cx run does: the way back to a job left with --detach or Ctrl-C.",
+        epilog="exit status: as cx run's (`cx run --help`)",
+    )
+    wait.add_argument(
+        "job", metavar="JOB", help="a job id, or a prefix of one that names one job (see cx jobs)"
+    )
+    wait.add_argument(
+        "--output",
+        type=Path,
+        metavar="DIR",
+        help="when it has ended, fetch its output files into DIR",
+    )
+    add_common(wait, json_help="print the job as JSON when it has ended instead of its output")
+    wait.set_defaults(run=talk("cx wait", _wait, refused=EXIT_CX, no_node=EXIT_CX))
+
+
+def _wait(args: argparse.Namespace) -> int:
+    api = client(args)
+    return _follow(api, api.job(args.job), args)
 
 
 def _run(args: argparse.Namespace) -> int:
     try:
+        api = client(args)  # first: no node (or no home) is the first thing to say
         request = _request(args)
-        api = client(args)
         job = api.submit(request)
     except Unusable as exc:
         print(f"cx run: {exc}", file=sys.stderr)
@@ -300,7 +345,10 @@ def _run(args: argparse.Namespace) -> int:
         print(f"cx run: {exc}", file=sys.stderr)
         return EXIT_CX
     if args.detach:
-        print(job["id"])
+        if args.json:
+            print_json(job)
+        else:
+            print(job["id"])
         return 0
     try:
         return _follow(api, job, args)
@@ -321,9 +369,6 @@ def _request(args: argparse.Namespace) -> JobRequest:
     Raises:
         Unusable: an option cannot be used as given.
     """
-    command = args.command[1:] if args.command[:1] == ["--"] else args.command
-    if not command:
-        raise Unusable("give a command after IMAGE, e.g. cx run busybox -- echo hello")
     if args.max_price is None:
         raise Unusable(
             "give --max-price, the most you pay per core-hour in credits (e.g. --max-price "
@@ -343,6 +388,9 @@ def _request(args: argparse.Namespace) -> JobRequest:
         raise Unusable("--checkpoint-path must be an absolute path in the container")
     same = args.max_price
     inputs = [_input(item) for item in args.input]
+    image = request_image(args.image, args.home)
+    given = args.command[1:] if args.command[:1] == ["--"] else args.command
+    command = _command(image, given, args.home)
     defaults = _ESTIMATE_DEFAULTS if args.estimate else _DEFAULTS
     for name, value in defaults.items():
         if getattr(args, name) is None:
@@ -350,7 +398,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
     if args.estimate:
         _estimate(args, command, inputs, env)
     fields = {
-        "image": request_image(args.image, args.home),
+        "image": image,
         "command": command,
         "env": env,
         "cpu_milli": args.cpu,
@@ -431,6 +479,28 @@ def _estimate(
     print(f"cx run: estimated {flags(rec)}", file=sys.stderr)
 
 
+def _command(image: str, given: list[str], home: Path) -> list[str]:
+    """What the job runs, as ``docker run`` decides it: the image's ENTRYPOINT, then the
+    command given or else the image's CMD. A registry image's config is known only to the
+    provider that pulls it: there, the command given is all of it.
+
+    Raises:
+        Unusable: nothing to run.
+    """
+    store = BlobStore(home / "store")
+    if not _DIGEST.fullmatch(image) or not store.has(image):
+        if not given:
+            raise Unusable(
+                "give a command after IMAGE, e.g. cx run busybox -- echo hello (the "
+                "image's CMD is known only for an image in the node's store or a path)"
+            )
+        return given
+    try:
+        return list(image_command(image_config(store, image), given))
+    except ImageError as exc:
+        raise Unusable(str(exc)) from None
+
+
 def _credentials(
     image: str, inputs: list[dict[str, Any]], output_to: str | None
 ) -> dict[str, Any] | None:
@@ -475,7 +545,11 @@ def request_image(name: str, home: Path) -> str:
         return name  # a registry image is checked with the request, and pulled by the provider
     path = Path(name)
     if path.exists():
-        return str(path.resolve())
+        # Imported here, as the node would, so that its CMD and ENTRYPOINT are known.
+        try:
+            return import_image(BlobStore(home / "store"), path).manifest
+        except ImageError as exc:
+            raise Unusable(str(exc)) from None
     store = home / "store"
     if (store / "images").is_dir():
         try:
@@ -494,11 +568,14 @@ def request_image(name: str, home: Path) -> str:
 def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> int:
     """Show the job's states until it ends; print its logs, fetch outputs; its status."""
     job_id = job["id"]
-    print(f"cx run: job {job_id} submitted", file=sys.stderr)
-    deadline = None if args.wait_match is None else time.monotonic() + args.wait_match / 1000
-    state, after = job["state"], 0
+    if job["state"] == "waiting" and not job.get("attempts"):
+        print(f"cx run: job {job_id} submitted", file=sys.stderr)
+    wait_match = getattr(args, "wait_match", None)
+    deadline = None if wait_match is None else time.monotonic() + wait_match / 1000
+    state, after, since = job["state"], 0, time.monotonic()
     while state not in FINAL_STATES:
-        wait_s = _POLL_S
+        # While it waits for a match, a line every _HINT_S says how long and why.
+        wait_s = _HINT_S if state in _UNMATCHED else _POLL_S
         if deadline is not None and state in _UNMATCHED:
             left = deadline - time.monotonic()
             if left > 0:
@@ -507,12 +584,17 @@ def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> in
                 return EXIT_NEVER_RAN
             else:
                 deadline = None  # it matched meanwhile: follow it to the end
-        for event in api.events(job_id, after, wait_s):
+        events = api.events(job_id, after, wait_s)
+        for event in events:
             after = max(after, event["seq"])
             state = event["state"]
             _show(event)
+        if not events and state in _UNMATCHED and wait_s >= _HINT_S:  # a whole quiet spell
+            _hint(api, job_id, time.monotonic() - since)
     job = api.job(job_id)
-    if job.get("exit_reason") is not None:
+    if getattr(args, "json", False):
+        print_json(job)
+    elif job.get("exit_reason") is not None:
         _print_logs(api, job_id)
     if args.output is not None and job.get("outputs"):
         args.output.mkdir(parents=True, exist_ok=True)
@@ -520,21 +602,34 @@ def _follow(api: ApiClient, job: dict[str, Any], args: argparse.Namespace) -> in
         here = [f for f in files if "file" in f]
         print(f"cx run: {len(here)} output file(s) in {args.output}", file=sys.stderr)
         if uploaded := len(files) - len(here):
-            print(f"cx run: {uploaded} output(s) uploaded under {args.output_to}", file=sys.stderr)
+            where = getattr(args, "output_to", None) or "the job's output prefix"
+            print(f"cx run: {uploaded} output(s) uploaded under {where}", file=sys.stderr)
     print(f"cx run: {_summary(job)}", file=sys.stderr)
     return exit_status(job)
 
 
 def _give_up(api: ApiClient, job_id: str) -> bool:
-    """Cancel an unmatched job; False when it matched meanwhile (409) and runs on."""
+    """Cancel an unmatched job, saying why nothing took it; False when it matched
+    meanwhile (409) and runs on."""
+    why = api.why(job_id).get("explanation")  # asked first: the bid is withdrawn after
     try:
-        api.cancel(job_id)
+        api.cancel(job_id, waiting_only=True)  # one that matched meanwhile runs on
     except ApiError as exc:
         if exc.status == 409:
             return False
         raise
     print(f"cx run: no provider took job {job_id} in time; cancelled it", file=sys.stderr)
+    if why:
+        print(f"cx run: {why}", file=sys.stderr)
     return True
+
+
+def _hint(api: ApiClient, job_id: str, waited_s: float) -> None:
+    """How long the job has waited, and why nothing has taken it (cx why's sentence)."""
+    why = api.why(job_id)
+    clock = time.strftime("%H:%M:%S")
+    said = why.get("explanation") or f"{why.get('offers_seen', 0)} offer(s) seen"
+    print(f"  {clock} {'waiting':<14} {waited_s:.0f}s so far: {said}", file=sys.stderr)
 
 
 def _show(event: dict[str, Any]) -> None:
@@ -578,6 +673,6 @@ def exit_status(job: dict[str, Any]) -> int:
     if job.get("exit_reason") is None and job["state"] in ("cancelled", *_UNMATCHED):
         return EXIT_NEVER_RAN
     code = job.get("exit_code")
-    if isinstance(code, int) and 0 < code < 256:
-        return code
+    if job.get("exit_reason") == "nonzero-exit" and isinstance(code, int) and 0 < code < 256:
+        return code  # the job's own status; a kill (137 after OOM or timeout) is 1
     return 1

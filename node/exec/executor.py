@@ -274,6 +274,18 @@ class Executor:
         running.stop.set()
         return True
 
+    def live_log(self, job_id: str, name: str, offset: int, limit: int) -> bytes | None:
+        """Up to ``limit`` bytes of a running job's ``stdout`` or ``stderr`` from ``offset``,
+        as it writes them; None when the job is not running here."""
+        if job_id not in self._running or name not in _LOGS:
+            return None
+        try:
+            with open(self.jobs_dir / job_id / name / "log", "rb") as f:
+                f.seek(offset)
+                return f.read(limit)
+        except FileNotFoundError:
+            return b""  # not started yet: nothing written
+
     async def run_job(
         self,
         spec: JobSpec,

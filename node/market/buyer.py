@@ -25,8 +25,10 @@ import trio
 from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
 from node.market.gossip import Market
+from node.market.livelogs import ask_logs
 from node.market.request import JobRequest, RequestError, bid_from_request, parse_request
 from node.market.secrets import Vault, lost_secrets, send_secrets
+from node.market.stopping import ask_stop
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -70,7 +72,7 @@ from protocol.negotiation import Agreement, terms_hash
 from protocol.pricing import Rung, ladder
 from protocol.units import credits
 
-__all__ = ["FINAL_STATES", "JOB_STATES", "WAITING_STATES", "Buyer"]
+__all__ = ["FINAL_STATES", "JOB_STATES", "RUNNING_STATES", "WAITING_STATES", "Buyer"]
 
 log = logging.getLogger(__name__)
 
@@ -94,6 +96,7 @@ JOB_STATES = (
     "error",
 )
 WAITING_STATES = frozenset({"waiting", "negotiating"})  # its bid looks for a provider
+RUNNING_STATES = frozenset({"agreed", "transferring", "running"})  # a provider has it
 # States a job never leaves. Not ``preempted`` or ``provider-fault`` (the node bids for the
 # job again), nor ``settled`` (the receipt is recorded, then the job's end state follows).
 FINAL_STATES = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
@@ -256,6 +259,40 @@ class Buyer:
         self._event(job_id, "cancelled", "bid withdrawn")
         await self.market.publish(cancel, topic=BIDS_TOPIC)
         return True
+
+    async def stop(self, job_id: str) -> bool:
+        """Ask the provider of an agreed or running job to stop it (node/market/stopping.py);
+        its receipt (exit reason ``stopped``) then ends it. False if it is not under way.
+
+        Raises:
+            NetworkError: the provider could not be reached.
+        """
+        job = self.db.job(job_id)
+        if job is None or job.state not in RUNNING_STATES or job.agreement_id is None:
+            return False
+        try:
+            await ask_stop(self.market.net, PeerId(job.provider or ""), job.agreement_id)
+        except PeerRefused:
+            return False  # it ended meanwhile: its receipt is on its way
+        self._event(job_id, job.state, "asked the provider to stop it")
+        return True
+
+    async def live_logs(self, job_id: str, offsets: tuple[int, int]) -> tuple[bytes, bytes]:
+        """What a job under way has written to stdout and stderr since ``offsets``
+        (node/market/livelogs.py); nothing when no provider runs it now.
+
+        Raises:
+            NetworkError: the provider could not be reached.
+        """
+        job = self.db.job(job_id)
+        if job is None or job.state not in RUNNING_STATES or job.agreement_id is None:
+            return b"", b""
+        try:
+            return await ask_logs(
+                self.market.net, PeerId(job.provider or ""), job.agreement_id, offsets
+            )
+        except PeerRefused:
+            return b"", b""  # it ended meanwhile: its receipt brings the whole logs
 
     # -- negotiation -------------------------------------------------------------------
 
@@ -445,7 +482,8 @@ class Buyer:
             self._event(
                 job_id,
                 "agreed",
-                f"with {PublicKey(terms.provider).peer_id}, max cost {terms.max_cost}",
+                f"with {PublicKey(terms.provider).peer_id}, "
+                f"max cost {credits(terms.max_cost)} credits",
             )
         self._follow(agreement)
 
@@ -595,7 +633,8 @@ class Buyer:
     def _record_outcome(self, job_id: str, receipt: UsageReceipt) -> None:
         job = self._row(job_id)
         if not self._current(job_id, receipt.agreement_id):
-            self._event(job_id, job.state, f"late receipt settled: paid {receipt.cost}")
+            paid = f"paid {credits(receipt.cost)} credits"
+            self._event(job_id, job.state, f"late receipt settled: {paid}")
             return
         self.db.update_job(
             job_id,
@@ -606,7 +645,8 @@ class Buyer:
             logs=_refs(receipt.logs),
             checkpoint=receipt.checkpoint,
         )
-        self._event(job_id, "settled", f"receipt countersigned: paid {receipt.cost}")
+        paid = f"paid {credits(receipt.cost)} credits"
+        self._event(job_id, "settled", f"receipt countersigned: {paid}")
         if receipt.exit_reason not in _RETRY:
             self.vault.forget(job_id)
         state = END_STATE[receipt.exit_reason].value

@@ -31,10 +31,22 @@ from node.exec.executor import CapacityExceeded, JobResult
 from node.market.benchmark import measure_work_score
 from node.market.gossip import Market
 from node.market.invitations import send_invitations
+from node.market.livelogs import CHUNK, answer_logs
 from node.market.repricing import asking_now, follow_prices
 from node.market.secrets import SealKey, receive_secrets
+from node.market.stopping import answer_stop
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream
-from node.net.wire import JOB, NEGOTIATE, PING, PeerRefused, control, read_control, request
+from node.net.wire import (
+    JOB,
+    LOGS,
+    NEGOTIATE,
+    PING,
+    STOP,
+    PeerRefused,
+    control,
+    read_control,
+    request,
+)
 from node.storage.db import Database
 from node.storage.home import ProviderConfig, S3Config
 from node.storage.jobdata import (
@@ -96,12 +108,15 @@ class Runner(Protocol):
 
     def preempt(self, job_id: str) -> bool: ...
 
+    def live_log(self, job_id: str, name: str, offset: int, limit: int) -> bytes | None: ...
+
 
 @dataclass(slots=True)
 class _Running:
     agreement: Agreement
     job_id: str
     done: trio.Event = field(default_factory=trio.Event)
+    stopped: bool = False  # its buyer asked to stop it (node/market/stopping.py)
 
 
 class Provider:
@@ -150,6 +165,8 @@ class Provider:
             self._restore()
             self.market.net.serve(NEGOTIATE, self._serve_negotiate)
             self.market.net.serve(PING, self._serve_ping)
+            self.market.net.serve(STOP, lambda raw: answer_stop(raw, self._stop))
+            self.market.net.serve(LOGS, lambda raw: answer_logs(raw, self._live_log))
             if self._pricing.moves:
                 self._prices = self._asking()
             await self._post_offer()
@@ -366,6 +383,14 @@ class Provider:
             else:
                 self._fault(agreement, why)
             return
+        if running.stopped:  # asked while its content was on its way: nothing ran
+            self._issue(
+                agreement,
+                usage=Usage(wall_ms=0, cpu_us=0),
+                exit_reason=ExitReason.STOPPED,
+                exit_code=-1,
+            )
+            return
         self.db.mark_started(agreement.id, self.market.now_ms())
         self._tell(agreement, JobState.RUNNING, "container started")
         try:
@@ -382,6 +407,8 @@ class Provider:
             return
         if result.start_s is not None:
             self.market.metrics.container_start.observe(result.start_s)
+        if running.stopped and result.exit_reason is ExitReason.PREEMPTED:  # it was stopped
+            result = dataclasses.replace(result, exit_reason=ExitReason.STOPPED)
         if terms.job.output_to is not None and result.outputs:
             outputs = await upload_outputs(
                 self.market.store, result.outputs, output_path=job.output_path,
@@ -463,6 +490,23 @@ class Provider:
             self._send(agreement, JobState.RECEIPTED, signed.wire)
         if self._nursery is not None:  # its capacity is free again: invite waiting bids
             self._nursery.start_soon(send_invitations, self.market, self.selling)
+
+    def _stop(self, agreement_id: bytes, buyer: PeerId) -> bool:
+        """Stop a running job for its buyer (spec/peer.md rule 13); False if there is none."""
+        running = self._running.get(agreement_id)
+        if running is None or PublicKey(running.agreement.terms.buyer).peer_id != buyer:
+            return False
+        running.stopped = True
+        self.executor.preempt(running.job_id)  # False before it starts: _run checks the flag
+        log.info("job %s: stopping at its buyer's request", running.job_id)
+        return True
+
+    def _live_log(self, agreement_id: bytes, buyer: PeerId, name: str, offset: int) -> bytes | None:
+        """A running job's log from ``offset`` for its buyer (spec/peer.md rule 14)."""
+        running = self._running.get(agreement_id)
+        if running is None or PublicKey(running.agreement.terms.buyer).peer_id != buyer:
+            return None
+        return self.executor.live_log(running.job_id, name, offset, CHUNK)
 
     async def _serve_ping(self, raw: Stream) -> None:
         stream = FramedStream(raw)

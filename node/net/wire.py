@@ -27,9 +27,11 @@ __all__ = [
     "HELLO",
     "INVITE",
     "JOB",
+    "LOGS",
     "NEGOTIATE",
     "OFFERS_TOPIC",
     "PING",
+    "STOP",
     "SUMMARIES",
     "SUMMARIES_TOPIC",
     "SUMMARY",
@@ -55,6 +57,8 @@ INVITE = ProtocolId("/cx/invite/1")  # provider to buyer: an invitation, and its
 TAPE = ProtocolId("/cx/tape/1")  # the recent trade prints you kept, one frame each
 SUMMARY = ProtocolId("/cx/summary/1")  # provider to buyer: sign this receipt's summary too
 SUMMARIES = ProtocolId("/cx/summaries/1")  # the receipt summaries you hold, one frame each
+STOP = ProtocolId("/cx/stop/1")  # buyer to provider: stop my job (spec/peer.md rule 13)
+LOGS = ProtocolId("/cx/logs/1")  # buyer to provider: my job's output so far (rule 14)
 
 
 class PeerRefused(Exception):

@@ -21,12 +21,14 @@ Errors: :class:`HomeError` says what is wrong with the directory and how to fix 
 
 from __future__ import annotations
 
+import fcntl
 import os
 import tomllib
 from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
+from node.storage.config_rules import config_problems
 from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
 from protocol.messages import Arch, Gpu, Hardware, Prices, Resources, TrustLevel
@@ -43,8 +45,11 @@ from protocol.pricing import (
 )
 
 __all__ = [
+    "DEFAULT_LISTEN",
+    "DEFAULT_PRICES",
     "Home",
     "HomeError",
+    "HomeLock",
     "MachineCost",
     "NodeConfig",
     "ProviderConfig",
@@ -54,6 +59,10 @@ __all__ = [
 ]
 
 DEFAULT_LISTEN = ("/ip4/127.0.0.1/tcp/0",)
+# What `cx init --provider` asks unless told otherwise (micro-credits): priced so that a
+# buyer's `cx run --max-price 1.5` with its defaults (memory and disk caps at the same
+# figure) trades with it out of the box.
+DEFAULT_PRICES = Prices(cpu_core_hour=1_000_000, memory_gib_hour=100_000, disk_gib_hour=10_000)
 LEGACY_KEY_SIZE = 32  # cx 0.1 stored the bare seed
 
 
@@ -220,6 +229,31 @@ class Home:
                 "identity"
             ) from None
 
+    def lock(self) -> HomeLock:
+        """Hold this home for one running node until :meth:`HomeLock.release` (or the
+        process ends, even by ``kill -9``: the kernel drops the lock with the file).
+
+        Raises:
+            HomeError: another process holds it; the message names its pid.
+        """
+        path = self.root / "lock"
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+        except OSError as exc:
+            raise HomeError(f"cannot open {path}: {exc.strerror}") from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise HomeError(
+                f"{self.root} is in use by another node (pid {holder}); stop that one first, "
+                "or give this one another --home"
+            ) from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
+        return HomeLock(fd)
+
     def convert_legacy_key(self) -> PrivateKey:
         """Rewrite a cx 0.1 key file (a bare 32-byte seed) in the checked form.
 
@@ -240,16 +274,37 @@ class Home:
         try:
             text = self.config_path.read_text()
         except FileNotFoundError:
-            raise HomeError(f"{self.root} has no config.toml; run `cx init`") from None
+            raise HomeError(
+                f"{self.root} has no config.toml; make it a node's home with "
+                f"`cx init --home {self.root}`"
+            ) from None
         try:
-            return _parse(tomllib.loads(text))
-        except (tomllib.TOMLDecodeError, KeyError, TypeError, ValueError) as exc:
+            doc = tomllib.loads(text)
+        except tomllib.TOMLDecodeError as exc:
+            raise HomeError(f"{self.config_path}: {exc}") from None
+        if problems := config_problems(doc):
+            raise HomeError("\n".join(f"{self.config_path}: {p}" for p in problems))
+        try:
+            return _parse(doc)
+        except (KeyError, TypeError, ValueError) as exc:
             raise HomeError(f"{self.config_path}: {exc}") from exc
 
     def save_config(self, config: NodeConfig) -> None:
         tmp = self.config_path.with_suffix(".tmp")
         tmp.write_text(_render(config))
         os.replace(tmp, self.config_path)
+
+
+@dataclass(slots=True)
+class HomeLock:
+    """A home held by this process (:meth:`Home.lock`)."""
+
+    fd: int | None
+
+    def release(self) -> None:
+        if self.fd is not None:
+            os.close(self.fd)  # closing the only descriptor drops the flock
+            self.fd = None
 
 
 def init_home(root: Path, config: NodeConfig, *, force: bool = False) -> Home:

@@ -30,7 +30,7 @@ import platform
 import shutil
 import subprocess
 import tarfile
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from pathlib import Path
 from typing import IO, Any
@@ -45,6 +45,7 @@ __all__ = [
     "build_rootfs",
     "busybox_entries",
     "host_arch",
+    "image_command",
     "image_config",
     "import_image",
     "list_images",
@@ -276,7 +277,12 @@ def _tar_source(path: Path) -> Iterator[_Source]:
     try:
         tar = tarfile.open(path, "r:*")  # noqa: SIM115 - closed below
     except (tarfile.TarError, OSError) as exc:
-        raise ImageError(f"{path} is neither an image layout directory nor a tar: {exc}") from exc
+        # tarfile's own message lists every compression it tried, over several lines.
+        why = exc.strerror if isinstance(exc, OSError) and exc.strerror else "not a tar archive"
+        raise ImageError(
+            f"{path} is not an image: neither an OCI layout directory nor an OCI or "
+            f"`docker save` archive ({why})"
+        ) from exc
     with tar:
         members = {m.name.removeprefix("./"): m for m in tar.getmembers() if m.isfile()}
 
@@ -412,9 +418,23 @@ def record_image(
     info = ImportedImage(
         manifest=m_digest, config=config, layers=layers, size=size, arch=arch, names=names
     )
+    _untag_others(meta, m_digest, names)
     (meta / f"{m_digest[7:]}.json").write_bytes(_json_bytes(dataclasses.asdict(info)))
     log.info("imported image %s (%d layers, %d bytes)", m_digest, len(layers), size)
     return info
+
+
+def _untag_others(meta: Path, m_digest: str, names: tuple[str, ...]) -> None:
+    """A name belongs to one image, the latest imported under it (``docker tag`` moves a
+    tag the same way); the image it leaves keeps its digest and other names."""
+    for path in meta.glob("*.json"):
+        if path.stem == m_digest[7:] or not names:
+            continue
+        d = json.loads(path.read_bytes())
+        kept = [n for n in d.get("names", []) if n not in names]
+        if kept != d.get("names", []):
+            d["names"] = kept
+            path.write_bytes(_json_bytes(d))
 
 
 def _import_docker(store: BlobStore, src: _Source, ref: str | None, arch: str) -> ImportedImage:
@@ -500,6 +520,22 @@ def image_config(store: BlobStore, manifest_digest: str) -> dict[str, Any]:
         raise ImageError(f"image {manifest_digest} is not imported: run cx image import") from exc
     runtime = config.get("config") or {}
     return runtime if isinstance(runtime, dict) else {}
+
+
+def image_command(config: dict[str, Any], args: Sequence[str]) -> tuple[str, ...]:
+    """What runs, as ``docker run IMAGE [ARGS...]`` decides it: the image's Entrypoint,
+    then ``args`` if any were given, else the image's Cmd.
+
+    Raises:
+        ImageError: neither gives anything to run.
+    """
+    entrypoint, cmd = config.get("Entrypoint") or [], config.get("Cmd") or []
+    if not all(isinstance(x, list) for x in (entrypoint, cmd)):
+        raise ImageError("the image's Entrypoint or Cmd is not a list of strings")
+    command = (*entrypoint, *(args or cmd))
+    if not command:
+        raise ImageError("the image names no command (no Entrypoint or Cmd): give one after it")
+    return tuple(str(x) for x in command)
 
 
 # -- unpacking -------------------------------------------------------------------------------

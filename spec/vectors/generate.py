@@ -727,6 +727,12 @@ def settlement() -> None:
             1_234,
         ),
         ("rounds down once", Usage(wall_ms=1, cpu_us=1), ExitReason.SUCCESS, 10**9),
+        (
+            "stopped by the buyer pays used time",
+            Usage(wall_ms=90_000, cpu_us=45_000_000),
+            ExitReason.STOPPED,
+            10**9,
+        ),
     ]
     cases = [
         {

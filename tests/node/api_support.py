@@ -21,6 +21,10 @@ def job_view(job_id: str, **fields) -> dict:
     view = {
         "id": job_id,
         "name": None,
+        "image": "sha256:" + "ab" * 32,
+        "command": ["echo", "hi"],
+        "cpu_milli": 500,
+        "memory_bytes": 128 << 20,
         "state": "waiting",
         "detail": "",
         "created_ms": NOW_MS,
@@ -107,6 +111,25 @@ class FakeController:
         self.scripts[job_id], self.script = self.script, []
         return self.views[job_id]
 
+    def sold(self) -> list[dict]:
+        return [
+            {
+                "id": "5a1d000000000001",
+                "agreement_id": "5a1d000000000001" + "00" * 24,
+                "state": "settled",
+                "buyer": "12D3KooWBuyer",
+                "image": "sha256:" + "ab" * 32,
+                "command": ["echo", "hi"],
+                "cpu_milli": 1000,
+                "memory_bytes": 256 << 20,
+                "prices": {"cpu_core_hour": 1_000_000},
+                "max_cost": 2_000_000,
+                "earned": 250_000,
+                "created_ms": NOW_MS - 60_000,
+                "started_ms": NOW_MS - 59_000,
+            }
+        ]
+
     def jobs(self) -> list[dict]:
         return sorted(self.views.values(), key=lambda v: v["created_ms"], reverse=True)
 
@@ -134,11 +157,22 @@ class FakeController:
             "ruled_out": {"price": 3, "region": 1, "arch": 0},
             "best_price": 1_250_000,
             "limit": 1_000_000,
-            "explanation": "raise --max-price above 1.25 to match the cheapest offer",
+            "explanation": "none of 4 offers fits (price rules out 3, region rules out 1): "
+            "CPU costs at least 1.25 credits per core-hour, your limit is 1.00",
         }
 
     async def logs(self, job_id: str) -> dict:
         return {"stdout": self.stdout[self._resolve(job_id)], "stderr": "a warning\n"}
+
+    async def live_logs(self, job_id: str, stdout_from: int, stderr_from: int) -> dict:
+        out = self.stdout[self._resolve(job_id)].encode()[stdout_from:]
+        return {
+            "stdout": out.decode(),
+            "stderr": "",
+            "stdout_next": stdout_from + len(out),
+            "stderr_next": stderr_from,
+            "ended": True,
+        }
 
     async def outputs(self, job_id: str, dest: str) -> list[dict]:
         view = self.job(job_id)
@@ -150,8 +184,10 @@ class FakeController:
             written.append({"path": out["path"], "file": str(target), "size": out["size"]})
         return written
 
-    async def cancel(self, job_id: str) -> dict:
+    async def cancel(self, job_id: str, *, waiting_only: bool = False) -> dict:
         view = self.job(job_id)
+        if waiting_only and view["state"] not in ("waiting", "negotiating"):
+            raise ApiError(409, "too-late", f"job {view['id']} is {view['state']}")
         if view["state"] in ("succeeded", "failed", "settled", "receipted", "cancelled"):
             raise ApiError(409, "job-ended", f"job {view['id']} has already ended")
         self.advance(view["id"], "cancelled", "cancelled by the user")
@@ -234,13 +270,21 @@ class FakeController:
             "balance": -1_500_000,
             "entries": [
                 {
+                    "agreement_id": "ag9999999999ffff0000",
+                    "at_ms": NOW_MS - 60_000,
+                    "payer": "12D3KooWBuyer",
+                    "payee": PEER_A,
+                    "amount": 0,
+                    "role": "buyer",
+                },
+                {
                     "agreement_id": "ag0123456789abcdef0123",
                     "at_ms": NOW_MS,
                     "payer": "12D3KooWBuyer",
                     "payee": PEER_A,
                     "amount": 1_500_000,
                     "role": "buyer",
-                }
+                },
             ],
         }
 

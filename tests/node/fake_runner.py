@@ -51,6 +51,9 @@ class FakeRunner:
             stdout=stdout,
         )
 
+    def live_log(self, job_id: str, name: str, offset: int, limit: int) -> bytes | None:
+        return b"" if job_id in self._stops else None
+
     def preempt(self, job_id: str) -> bool:
         stop = self._stops.get(job_id)
         if stop is None:

@@ -334,6 +334,8 @@ async def test_the_openapi_document_describes_every_route(server):
         "/v1/ledger",
         "/metrics",
         "/v1/dashboard/link",
+        "/v1/sold",
+        "/v1/jobs/{job_id}/logs/live",
     }
     body = paths["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     request = document["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]

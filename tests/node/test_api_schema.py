@@ -90,6 +90,8 @@ OPERATIONS = [
     ("GET", "/v1/ledger"),
     ("GET", "/metrics"),
     ("POST", "/v1/dashboard/link"),
+    ("GET", "/v1/sold"),
+    ("GET", "/v1/jobs/{job_id}/logs/live"),
 ]
 
 

@@ -22,6 +22,7 @@ from node.api.server import serve_api
 from node.cli import main
 from node.cli.common import credits, parse_credits, table
 from node.market.request import build_request
+from node.storage.image import build_rootfs
 from protocol.identity import PrivateKey
 
 DIGEST = "sha256:" + "cd" * 32
@@ -72,9 +73,26 @@ async def test_jobs_table_json_and_detail(node, cx):
     code, out, _ = await cx("jobs")
     assert code == 0
     header, first, second = out.splitlines()
-    assert header.split() == ["ID", "NAME", "STATE", "PROVIDER", "ATTEMPTS", "COST", "AGE"]
-    assert first.split()[:6] == ["bbbb0002", "-", "settled", f"..{PEER_A[-8:]}", "1", "1.50"]
-    assert second.split()[:6] == ["aaaa0001", "first", "waiting", "-", "0", "-"]
+    assert header.split() == [
+        "ID", "NAME", "STATE", "IMAGE", "COMMAND", "CPU/MEMORY", "PROVIDER", "ATTEMPTS", "COST",
+        "AGE",
+    ]  # fmt: skip
+    # What ran where, as docker ps shows it. Before: no image, command or resources.
+    assert first.split()[:10] == [
+        "bbbb0002", "-", "settled", "abababababab", "echo", "hi", "0.5/128MiB", f"..{PEER_A[-8:]}",
+        "1", "1.50",
+    ]  # fmt: skip
+    assert second.split()[:9] == [
+        "aaaa0001",
+        "first",
+        "waiting",
+        "abababababab",
+        "echo",
+        "hi",
+        "0.5/128MiB",
+        "-",
+        "0",
+    ]
     # Columns line up: every row's STATE starts where the header's does.
     rows = zip(out.splitlines(), ("STATE", "settled", "waiting"), strict=True)
     assert {line.index(state) for line, state in rows} == {header.index("STATE")}
@@ -112,12 +130,8 @@ async def test_logs_get_why_cancel(node, cx, tmp_path):
     assert code == 0
     assert out.splitlines() == [
         "job aaaa0001 is waiting; its bid has seen 4 offer(s).",
-        "ruled out by:",
-        "  price   3 offer(s)",
-        "  region  1 offer(s)",
-        "the cheapest offer that fits otherwise would cost 1.25 credits; your limit is 1.00 "
-        "credits.",
-        "raise --max-price above 1.25 to match the cheapest offer",
+        "none of 4 offers fits (price rules out 3, region rules out 1): "
+        "CPU costs at least 1.25 credits per core-hour, your limit is 1.00",
     ]
     code, out, _ = await cx("why", "--json", "aaaa0001")
     assert json.loads(out)["ruled_out"] == {"price": 3, "region": 1, "arch": 0}
@@ -154,7 +168,9 @@ async def test_market_ledger_peers(node, cx):
     code, out, _ = await cx("ledger")
     assert code == 0
     assert out.splitlines()[0] == "balance: -1.50 credits"
-    assert out.splitlines()[-1].split()[1:] == [
+    # Newest first, as cx jobs. Before: oldest first.
+    assert out.splitlines()[-1].split()[1] == "ag9999999999ffff"
+    assert out.splitlines()[-2].split()[1:] == [
         "ag0123456789abcd",
         "buyer",
         "..ooWBuyer",
@@ -167,8 +183,11 @@ async def test_market_ledger_peers(node, cx):
     code, out, _ = await cx("peers")
     assert code == 0
     assert out.splitlines()[0].split() == ["PEER", "SCORE", "REPUTATION", "ADDRESS"]
-    assert out.splitlines()[1].split() == [PEER_A, "12.5", "439320", "/ip4/10.0.0.2/tcp/4001"]
-    assert out.splitlines()[2].split() == ["12D3KooWOther", "-3", "0", "-"]
+    # Peer ids as every table shows them (whole in --json). Before: whole here, cut elsewhere.
+    assert out.splitlines()[1].split() == [
+        f"..{PEER_A[-8:]}", "12.5", "439320", "/ip4/10.0.0.2/tcp/4001"
+    ]  # fmt: skip
+    assert out.splitlines()[2].split() == ["..ooWOther", "-3", "0", "-"]
     code, out, _ = await cx("peers", "--json")
     assert len(json.loads(out)) == 2
 
@@ -190,10 +209,10 @@ async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path
     data = tmp_path / "data.csv"
     data.write_text("a,b\n")
     code, out, err = await cx(
-        "run", "--detach", "--cpu", "0.5", "--memory", "128M", "--disk", "1G",
+        "run", "--detach", "--cpus", "0.5", "-m", "128Mi", "--disk", "1G",
         "--timeout", "10m", "--max-price", "1.5", "--max-memory-price", "0.25",
         "--region", "eu", "--region", "us", "--trust", "tpm", "--arch", "arm64",
-        "--input", f"{data}:/in/data.csv", "--env", "A=1", "--env", "B=x=y",
+        "--input", f"{data}:/in/data.csv", "-e", "A=1", "--env", "B=x=y",
         "--preemptible", "--checkpoint-path", "/ckpt", "--name", "nightly",
         DIGEST, "--", "sh", "-c", "wc -l /in/data.csv",
     )  # fmt: skip
@@ -207,7 +226,7 @@ async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path
             "env": {"A": "1", "B": "x=y"},
             "cpu_milli": 500,
             "memory_bytes": 128 << 20,
-            "disk_bytes": 1 << 30,
+            "disk_bytes": 10**9,
             "gpus": 0,
             "wall_ms": 600_000,
             "max_prices": {
@@ -225,11 +244,12 @@ async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path
             "name": "nightly",
         }
     )
-    # An OCI layout given as a relative path travels as an absolute one.
-    (tmp_path / "layout").mkdir()
-    code, _, _ = await cx("run", "-d", "--max-price", "1", str(tmp_path / "layout"), "true")
-    assert code == 0
-    assert fake.submitted[1].image == str(tmp_path / "layout")
+    # An OCI layout is imported into the node's store (so that its CMD and ENTRYPOINT are
+    # known) and travels as its digest.
+    digest = build_rootfs(tmp_path / "layout")
+    code, _, err = await cx("run", "-d", "--max-price", "1", str(tmp_path / "layout"), "true")
+    assert code == 0, err
+    assert (fake.submitted[1].image, fake.submitted[1].command) == (digest, ("true",))
 
 
 async def test_run_follows_the_job_to_success_and_prints_its_stdout(node, cx, tmp_path):
@@ -267,6 +287,19 @@ async def test_run_follows_the_job_to_success_and_prints_its_stdout(node, cx, tm
     assert "at most 2.00 credits" in err.splitlines()[-1]
 
 
+async def test_run_json_prints_the_job(node, cx):
+    # Before: cx run had no --json.
+    fake, _ = node
+    code, out, _ = await cx("run", "--detach", "--json", "--max-price", "2", DIGEST, "true")
+    assert code == 0
+    assert json.loads(out)["id"] == fake.jobs()[0]["id"]
+    fake.script = [("running", {}), ("succeeded", {"exit_reason": "success", "exit_code": 0})]
+    code, out, err = await cx("run", "--json", "--max-price", "2", DIGEST, "true")
+    assert code == 0, err
+    ended = json.loads(out)  # the job, not its output
+    assert (ended["state"], ended["exit_reason"]) == ("succeeded", "success")
+
+
 async def test_run_exit_status_follows_the_job(node, cx):
     fake, _ = node
     fake.script = [
@@ -277,9 +310,11 @@ async def test_run_exit_status_follows_the_job(node, cx):
     assert code == 3
     assert "nonzero-exit (exit code 3)" in err
 
-    fake.script = [("running", {}), ("failed", {"exit_reason": "oom", "exit_code": None})]
-    code, _, _ = await cx("run", "--max-price", "2", DIGEST, "--", "true")
-    assert code == 1
+    # Killed (137 after OOM or a timeout): 1, as the help says, not the signal's status.
+    for reason, exit_code in (("oom", None), ("oom", 137), ("timeout", 137)):
+        fake.script = [("running", {}), ("failed", {"exit_reason": reason, "exit_code": exit_code})]
+        code, _, _ = await cx("run", "--max-price", "2", DIGEST, "--", "true")
+        assert code == 1
 
     # Nothing takes it: --wait-match gives up, cancels the job, and exits 2.
     code, _, err = await cx("run", "--max-price", "2", "--wait-match", "0s", DIGEST, "true")
@@ -307,11 +342,18 @@ async def test_run_refuses_unusable_options_before_submitting(node, cx):
 async def test_no_node_running_says_how_to_start_one(tmp_path, capsys):
     home = tmp_path / "nothing-here"
     cx = Cx(home, capsys)
-    expected = f"no node is running for home {home}; start one with `cx node`"
+    # Not even initialised: say so first (not "no image in .../store"), with the --home given.
+    uninitialised = f"{home} is not a node's home yet; make one with `cx init --home {home}`"
+    code, _, err = await cx("jobs")
+    assert (code, err) == (3, f"cx jobs: {uninitialised}\n")
+    code, _, err = await cx("run", "--max-price", "1", "busybox", "true")
+    assert (code, err) == (125, f"cx run: {uninitialised}\n")
+
+    home.mkdir()
+    (home / "config.toml").write_text("")
+    expected = f"no node is running for home {home}; start one with `cx node --home {home}`"
     code, _, err = await cx("jobs")
     assert (code, err) == (3, f"cx jobs: {expected}\n")
-    code, _, err = await cx("run", "--max-price", "1", DIGEST, "true")
-    assert (code, err) == (125, f"cx run: {expected}\n")
 
     # A stale api.json: the node is gone and its port refuses.
     with socket.socket() as s:

@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import shutil
+from pathlib import Path
 
 import pytest
 from executor_support import mounts_under, searchable_dir
 
 from node.cli import main
+from node.cli.image import resolve_image
+from node.storage.image import ImageError, busybox_entries, image_command, write_layout
+from node.storage.store import BlobStore
 
 
 @pytest.fixture
@@ -63,26 +67,28 @@ def test_unusable_input_says_what_to_do(home, capsys):
 
 @pytest.mark.integration
 @pytest.mark.parametrize(
-    ("option", "value"),
+    ("option", "value", "says"),
     [
-        ("--memory", "0"),
-        ("--memory", "1"),
-        ("--memory", "999999999999999999999"),
-        ("--cpu", "1000000000"),
-        ("--cpu", "0"),
-        ("--cpu", "-1"),
-        ("--pids", "0"),
-        ("--pids", "-1"),
+        ("--memory", "0", "is outside"),
+        ("--memory", "1", "is outside"),
+        ("--memory", "999999999999999999999", "is outside"),
+        ("--cpu", "1000000000", "is outside"),
+        ("--cpu", "0", "is not a CPU amount"),
+        ("--cpu", "-1", "is not a CPU amount"),
+        ("--pids", "0", "is outside"),
+        ("--pids", "-1", "is outside"),
     ],
 )
-def test_careless_limits_are_refused_before_anything_runs(busybox_home, capsys, option, value):
+def test_careless_limits_are_refused_before_anything_runs(
+    busybox_home, capsys, option, value, says
+):
     # Before: a provider fault with a traceback, a cgroup left behind, a job at 1% CPU, or
     # (--pids 0) a job with no pids limit at all (issue 17, D4).
     code = main(["exec", "--home", str(busybox_home), option, value, "busybox", "--", "true"])
     (err,) = capsys.readouterr().err.strip().splitlines()  # one line, before anything ran
     assert code == 2
     assert err.startswith(f"cx exec: {option}: ")
-    assert "is outside" in err  # and says what is allowed
+    assert says in err  # and says what is allowed
 
 
 @pytest.mark.integration
@@ -94,3 +100,75 @@ def test_relative_home(busybox_home, capsys, monkeypatch):
     result = json.loads(capsys.readouterr().out)
     assert code == 0, result
     assert [o["path"] for o in result["outputs"]] == ["/out/x"]
+
+
+def test_a_tag_moves_to_the_image_imported_last_and_docker_names_resolve(home, capsys):
+    # Before: importing under a tag again left two images with one name, and
+    # `busybox:latest` matched nothing.
+    h = ["--home", str(home)]
+    other = home / "busybox-other"
+    other.write_bytes(Path("/bin/busybox").read_bytes() + b"\0")  # another image, same tag
+    other.chmod(0o755)
+    digests = []
+    for layout, busybox in (("one", "/bin/busybox"), ("two", str(other))):
+        assert main(["image", "build-rootfs", str(home / layout), "--busybox", busybox]) == 0
+        digests.append(capsys.readouterr().out.strip())
+        assert main(["image", "import", str(home / layout), *h]) == 0
+        assert capsys.readouterr().out.strip() == digests[-1]
+    assert main(["image", "ls", "--json", *h]) == 0
+    names = {i["manifest"]: i["names"] for i in json.loads(capsys.readouterr().out)}
+    assert names == {digests[0]: [], digests[1]: ["busybox"]}
+    store = BlobStore(home / "store")
+    assert resolve_image(store, "busybox:latest") == digests[1]
+    assert resolve_image(store, digests[0][7:19]) == digests[0]  # the IMAGE ID cx image ls shows
+
+
+@pytest.mark.parametrize(
+    ("argv", "says"),
+    [
+        (
+            ("exec", "nosuch:latest", "true"),
+            "no imported image is named 'nosuch:latest' (no image is imported yet); "
+            "import one with `cx image import PATH`",
+        ),
+        (("exec", "./missing-layout", "true"), "./missing-layout does not exist"),
+        (
+            ("image", "import", "{home}/notes.txt"),
+            "is not an image: neither an OCI layout directory nor an OCI or `docker save` "
+            "archive (not a tar archive)",
+        ),
+    ],
+)
+def test_what_is_not_an_image_is_said_in_one_line(home, capsys, argv, says):
+    # Before: a wrong path read "no imported image matches", a text file dumped tarfile's
+    # four-line list of the compressions it tried.
+    (home / "notes.txt").write_text("not an image\n")
+    argv = [a.format(home=home) for a in argv]
+    assert main([*argv[:2], "--home", str(home), *argv[2:]]) == 2
+    (line,) = capsys.readouterr().err.splitlines()
+    assert says in line
+
+
+def test_the_command_is_the_images_entrypoint_then_the_arguments_or_its_cmd():
+    # docker run's rule. Before: the image's CMD and ENTRYPOINT were ignored.
+    both = {"Entrypoint": ["/bin/echo", "from"], "Cmd": ["the", "image"]}
+    assert image_command(both, []) == ("/bin/echo", "from", "the", "image")
+    assert image_command(both, ["you"]) == ("/bin/echo", "from", "you")
+    assert image_command({"Cmd": ["/bin/sh"]}, ["true"]) == ("true",)
+    assert image_command({"Cmd": ["/bin/sh"]}, []) == ("/bin/sh",)
+    with pytest.raises(ImageError, match="names no command"):
+        image_command({}, [])
+
+
+@pytest.mark.integration
+def test_exec_runs_the_images_own_command(home, capsys):
+    h = ["--home", str(home)]
+    config = {"Env": ["PATH=/bin"], "Entrypoint": ["/bin/echo", "from"], "Cmd": ["the", "image"]}
+    write_layout(home / "layout", [busybox_entries()], config=config, tag="greeter")
+    assert main(["image", "import", str(home / "layout"), *h]) == 0
+    capsys.readouterr()
+    for argv, said in (([], "from the image"), (["--", "you"], "from you")):
+        assert main(["exec", *h, "--json", "greeter", *argv]) == 0
+        result = json.loads(capsys.readouterr().out)
+        stdout = BlobStore(home / "store").read_bytes(result["stdout"]).decode()
+        assert stdout == f"{said}\n"

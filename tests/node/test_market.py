@@ -240,7 +240,7 @@ async def test_a_provider_that_vanishes_mid_job_is_paid_nothing_and_the_job_runs
         assert ledger(buyer)["balance"] == -done["cost"]
         assert job(buyer, job_id)["state"] == "succeeded"
         assert job(buyer, job_id)["attempts"] == 2
-        assert events(buyer, job_id)[-1] == "succeeded: late receipt settled: paid 0"
+        assert events(buyer, job_id)[-1] == "succeeded: late receipt settled: paid 0.00 credits"
 
 
 async def test_a_restarted_provider_reports_the_interrupted_job_as_its_fault_and_is_paid_nothing(
@@ -268,7 +268,7 @@ async def test_a_restarted_provider_reports_the_interrupted_job_as_its_fault_and
         # ask, as the first run did; it once paid its own limit, ten times as much.
         assert done["price"]["cpu_core_hour"] == PRICE
         assert "provider-fault: exit -1 (provider-fault)" in log
-        assert log.index("settled: receipt countersigned: paid 0") < log.index(
+        assert log.index("settled: receipt countersigned: paid 0.00 credits") < log.index(
             "provider-fault: exit -1 (provider-fault)"
         )
 
