@@ -12,11 +12,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from node.cli import attest, demo, exec, image, jobs, market, node, run, store, testnet
+from node.cli import attest, demo, exec, image, jobs, market, node, run, sim, store, testnet
 
 __all__ = ["main"]
 
-_GROUPS: tuple[Any, ...] = (testnet, node, demo, attest, image, store, exec, run, jobs, market)
+_GROUPS: tuple[Any, ...] = (testnet, node, demo, sim, attest, image, store, exec, run, jobs, market)
 
 
 def build_parser() -> argparse.ArgumentParser:
