@@ -35,7 +35,7 @@ def line_chart(
         )
     xs, ys = [p[0] for p in points], [p[1] for p in points]
     x0, xk = _scale(min(xs), max(xs), _W - 2 * _PAD)
-    y_lo = min(0.0, min(ys))
+    y_lo = min(ys) - (max(ys) - min(ys)) / 10  # a baseline near the data shows its moves
     y0, yk = _scale(y_lo, max(ys), _H - 2 * _PAD)
 
     def at(x: float, y: float) -> str:
@@ -51,7 +51,7 @@ def line_chart(
         f'<text x="12" y="{_H / 2}" transform="rotate(-90 12 {_H / 2})" text-anchor="middle">'
         f"{html.escape(y_label)}</text>",
         f'<text x="{_PAD - 4}" y="{_PAD + 4}" text-anchor="end">{max(ys):g}</text>',
-        f'<text x="{_PAD - 4}" y="{_H - _PAD}" text-anchor="end">{y_lo:g}</text>',
+        f'<text x="{_PAD - 4}" y="{_H - _PAD}" text-anchor="end">{y_lo:.0f}</text>',
         f'<text x="{_PAD}" y="{_H - _PAD + 14}">{min(xs):g}</text>',
         f'<text x="{_W - _PAD}" y="{_H - _PAD + 14}" text-anchor="end">{max(xs):g}</text>',
     ]
