@@ -84,6 +84,13 @@ def test_a_sybil_ring_trades_with_itself_and_gains_no_reputation_elsewhere():
     assert ring["reputation_at_honest_nodes"] == 0
 
 
+def test_churn_and_a_partition_cost_jobs_but_never_the_ledgers():
+    doc = simulate(small("unreliable", minutes=15), seed=7)
+    assert doc["traffic"]["lost_direct"] > 0
+    assert doc["jobs"]["provider_faults"] > 0
+    assert doc["invariants"]["ok"], doc["invariants"]["problems"]
+
+
 def test_sharding_topics_by_region_cuts_what_each_node_carries():
     everyone = simulate(small("steady"), seed=6)
     sharded = simulate(small("sharded"), seed=6)
