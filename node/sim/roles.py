@@ -43,7 +43,9 @@ from protocol.messages import (
     UsageReceipt,
 )
 from protocol.negotiation import Agreement, NegotiationState
+from protocol.pricing import PPM, Policy, Pricing, ResourcePricing, asking, should_repost
 from protocol.selling import Selling
+from protocol.tape import resource_class
 
 __all__ = ["AdversaryScore", "Buyer", "Provider", "Role", "SimJob", "Spammer"]
 
@@ -131,6 +133,8 @@ class Provider(Role):
         self.hardware = hardware
         self.price = price
         self.offer_region = node.region
+        self.pricing = pricing_of(hardware, price)
+        self.posted_ms = 0
         self.running: set[bytes] = set()  # agreement ids whose job is running here
         self.earned = 0
         self.jobs_done = 0
@@ -138,20 +142,64 @@ class Provider(Role):
     def start(self) -> None:
         self.world.at(self.world.rng.randrange(30_000), self._post, None)
 
-    def offer(self) -> Offer:
+    def offer(self, prices: Prices | None = None) -> Offer:
         hw = self.hardware
         return Offer(
-            capacity=Resources(cpu_milli=hw.cpu * 1000, memory_bytes=hw.memory_gib * GIB),
-            prices=Prices(cpu_core_hour=self.price, memory_gib_hour=hw.mem_price),
+            capacity=self.capacity,
+            prices=prices or Prices(cpu_core_hour=self.price, memory_gib_hour=hw.mem_price),
             arch=Arch.AMD64,
             region=self.offer_region,
         )
 
+    @property
+    def capacity(self) -> Resources:
+        hw = self.hardware
+        return Resources(cpu_milli=hw.cpu * 1000, memory_bytes=hw.memory_gib * GIB)
+
     def _post(self, _: None, __: None) -> None:
+        self._post_at(None)
+        if self.pricing.moves:
+            self.world.at(self.pricing.min_interval_ms, self._reprice, None)
+
+    def _post_at(self, prices: Prices | None) -> None:
         w = self.world
         ttl = min(int(w.scenario.minutes * 60_000) + 600_000, 24 * 3_600_000)
-        order = self.selling.post_offer(self.offer(), nonce=w.nonce(), now_ms=w.now_ms, ttl_ms=ttl)
+        old = self.selling.offer
+        order = self.selling.post_offer(
+            self.offer(prices), nonce=w.nonce(), now_ms=w.now_ms, ttl_ms=ttl
+        )
+        self.posted_ms = w.now_ms
         w.publish(self.node, order)
+        if old is not None:
+            cancel = self.selling.withdraw(old.id, nonce=w.nonce(), now_ms=w.now_ms)
+            if cancel is not None:
+                w.publish(self.node, cancel)
+
+    def _reprice(self, _: None, __: None) -> None:
+        """protocol/pricing.py's asking price now; a fresh offer when it moved enough (what
+        node/market/repricing.py does in a node)."""
+        w = self.world
+        current = self.selling.offer
+        if current is not None and not self.node.down:
+            offer = current.payload
+            since = w.now - self.pricing.window_ms
+            prints = w.prints(resource_class(offer), since)
+            new = asking(
+                self.pricing,
+                held=self.selling.held(),
+                capacity=self.capacity,
+                prints={"cpu_core_hour": prints},
+            )
+            if should_repost(
+                offer.prices,
+                new,
+                step_ppm=self.pricing.step_ppm,
+                posted_ms=self.posted_ms,
+                now_ms=w.now_ms,
+                min_interval_ms=self.pricing.min_interval_ms,
+            ):
+                self._post_at(new)
+        w.at(self.pricing.min_interval_ms, self._reprice, None)
 
     def on_direct(self, kind: str, wire: bytes, src: SimNode) -> None:
         w = self.world
@@ -220,6 +268,21 @@ class Provider(Role):
 
     def answers_ping(self, agreement_id: bytes) -> bool:
         return agreement_id in self.running
+
+
+def pricing_of(hw: Hardware, price: int) -> Pricing:
+    """The provider's CPU pricing as the scenario says, around its drawn ``price``."""
+    policy = Policy(hw.pricing)
+    cpu = ResourcePricing(
+        policy=policy,
+        price=price,
+        floor=round(price * hw.floor_factor) if policy is not Policy.FIXED else 0,
+        ceiling=round(price * hw.ceiling_factor) if policy is not Policy.FIXED else price,
+        undercut_ppm=round(hw.undercut * PPM),
+    )
+    return Pricing(
+        resources={"cpu_core_hour": cpu, "memory_gib_hour": ResourcePricing(price=hw.mem_price)}
+    )
 
 
 class NoShowProvider(Provider):
@@ -342,7 +405,7 @@ class Buyer(Role):
             job.matched_ms = w.now
         job.price = agreement.terms.prices.cpu_core_hour
         job.provider = provider.index
-        w.agreed(job, agreement, self, provider)
+        w.agreed(job, agreement, self, provider, resource_class(match.offer.payload))
         w.send(self.node, match.provider, "agreement", agreement.to_wire())
         self.following[agreement.id] = (job, 0)
         w.at(HEARTBEAT_MS, self._heartbeat, agreement)

@@ -37,6 +37,7 @@ ADVERSARY_KINDS = ("spammer", "no-show-provider", "no-countersign-buyer", "sybil
 DEMAND_SHAPES = ("steady", "surge", "diurnal")
 TOPIC_MODES = ("global", "region")
 STRATEGIES = ("fixed", "spread", "escalate")
+PRICING = ("fixed", "utilization", "market")
 
 
 class ScenarioError(ValueError):
@@ -80,6 +81,10 @@ class Hardware:
     cpu_price: int  # micro-credits per core-hour
     mem_price: int = 0  # per GiB-hour
     price_spread: float = 0.2  # each provider's price within +-spread of cpu_price
+    pricing: str = "fixed"  # protocol/pricing.py's policy for the CPU price
+    ceiling_factor: float = 2.0  # utilization: the price at full load, times the drawn price
+    floor_factor: float = 0.5  # utilization and market: the lowest price, times the drawn one
+    undercut: float = 0.0  # market: ask this fraction below the tape's median
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -176,6 +181,14 @@ def _validate(s: Scenario) -> None:
     _check(net.topics in TOPIC_MODES, "network.topics", f"one of {', '.join(TOPIC_MODES)}")
     _check(bool(net.regions), "network.regions", "at least one region")
     _check(bool(s.hardware), "hardware", "at least one [[hardware]] class")
+    for i, hw in enumerate(s.hardware):
+        _check(hw.pricing in PRICING, f"hardware[{i}].pricing", f"one of {PRICING}")
+        _check(
+            0 < hw.floor_factor <= 1 <= hw.ceiling_factor,
+            f"hardware[{i}]",
+            "floor_factor <= 1 <= ceiling_factor",
+        )
+        _check(0 <= hw.undercut < 1, f"hardware[{i}].undercut", "between 0 and 1")
     _check(bool(s.jobs), "jobs", "at least one [[jobs]] class")
     for i, job in enumerate(s.jobs):
         _check(job.strategy in STRATEGIES, f"jobs[{i}].strategy", f"one of {STRATEGIES}")

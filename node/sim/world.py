@@ -106,6 +106,7 @@ class World:
         self.trades: list[Trade] = []
         self.scores: dict[int, AdversaryScore] = {}  # by node index
         self._excluded: set[tuple[int, int]] = set()  # (buyer, provider) pairs
+        self._prints: dict[str, list[tuple[int, int]]] = {}  # the tape: class -> (ms, CPU)
 
     # -- building ----------------------------------------------------------------------
 
@@ -231,8 +232,11 @@ class World:
 
     # -- what the roles report ----------------------------------------------------------
 
-    def agreed(self, job: SimJob, agreement: Agreement, buyer: Buyer, provider: SimNode) -> None:
+    def agreed(
+        self, job: SimJob, agreement: Agreement, buyer: Buyer, provider: SimNode, cls: str
+    ) -> None:
         self.jobs_by_agreement[agreement.id] = job
+        self._prints.setdefault(cls, []).append((self.now, agreement.terms.prices.cpu_core_hour))
         self.trades.append(
             Trade(
                 at_ms=self.now,
@@ -249,6 +253,12 @@ class World:
         for score in (mine, theirs):
             if score is not None:
                 score.honest_trades += 1
+
+    def prints(self, resource_class: str, since: int) -> list[int]:
+        """CPU prices of the tape's prints of a class since ``since`` (run time, ms): every
+        agreement makes one print, gossiped to all (protocol/tape.py)."""
+        prints = self._prints.get(resource_class, [])
+        return [price for at, price in prints if at >= since]
 
     def abandoned(self, job: SimJob, agreement: Agreement, provider: SimNode) -> None:
         score = self.scores.get(provider.index)
