@@ -91,6 +91,16 @@ def test_churn_and_a_partition_cost_jobs_but_never_the_ledgers():
     assert doc["invariants"]["ok"], doc["invariants"]["problems"]
 
 
+def test_providers_pricing_by_utilization_and_the_tape_repost_their_offers():
+    doc = simulate(small("surge", nodes=60, minutes=15), seed=3)
+    jobs = doc["jobs"]
+    # one offer per provider, one bid per job, a cancel and a bid per escalation: the rest
+    # are offers re-posted at new prices and the cancels of the ones they replaced
+    plain = doc["providers"] + jobs["submitted"] + 2 * jobs["escalations"]
+    assert doc["traffic"]["published"] > plain + 10
+    assert doc["invariants"]["ok"]
+
+
 def test_sharding_topics_by_region_cuts_what_each_node_carries():
     everyone = simulate(small("steady"), seed=6)
     sharded = simulate(small("sharded"), seed=6)
