@@ -6,6 +6,8 @@ Rules:
 - Jobs arrive as a Poisson process whose rate follows the demand shape (thinning); each
   goes to a buyer drawn uniformly, its class drawn by share, its run time within
   +-50% of the class's mean, its price limit by the class's strategy.
+- A benchmark liar is a provider of the first hardware class stating ``inflate`` times that
+  class's work score, so buyers capping the price per unit of work see it as cheaper.
 - A sybil ring is half providers, half buyers; its offers carry the region ``sybil`` and
   its buyers bid only there, so the ring trades with itself through the real book.
 """
@@ -122,6 +124,9 @@ def _deal(market: Market, node: SimNode, kind: str, detail: object) -> None:
         role = Spammer(world, node, adversary.per_min)
     elif kind == "no-show-provider":
         role = _provider(market, node, hw, draw, NoShowProvider)
+    elif kind == "benchmark-liar":
+        role = _provider(market, node, hw, draw, Provider)
+        role.work_score = round(hw.work_score * adversary.inflate)
     elif kind == "no-countersign-buyer":
         role = NoCountersignBuyer(world, node)
         market.buyers.append(role)

@@ -95,6 +95,7 @@ class AdversaryScore:
     ring_trades: int = 0  # trades inside a sybil ring
     honest_trades: int = 0  # trades with honest nodes
     excluded_by: int = 0  # honest nodes that will not trade with it again
+    overcharged: int = 0  # micro-credits paid for work a lied-about score never did
     wasted_ms: int = 0  # honest buyers' time lost to it
 
     def as_dict(self) -> dict[str, Any]:
@@ -134,6 +135,7 @@ class Provider(Role):
         self.price = price
         self.offer_region = node.region
         self.pricing = pricing_of(hardware, price)
+        self.work_score = hardware.work_score  # what its offers state
         self.posted_ms = 0
         self.running: set[bytes] = set()  # agreement ids whose job is running here
         self.earned = 0
@@ -149,6 +151,7 @@ class Provider(Role):
             prices=prices or Prices(cpu_core_hour=self.price, memory_gib_hour=hw.mem_price),
             arch=Arch.AMD64,
             region=self.offer_region,
+            work_score=self.work_score or None,
         )
 
     @property
@@ -219,8 +222,16 @@ class Provider(Role):
                 self.earned += entry.amount
                 if self.score is not None:
                     self.score.paid += entry.amount
+                    self.score.overcharged += self.overcharge(entry.amount)
         except ProtocolError:
             return  # a real node answers with an error frame; nothing else changes
+
+    def overcharge(self, amount: int) -> int:
+        """What a payment bought beyond the work the provider's true score delivers."""
+        true = self.hardware.work_score
+        if not true or self.work_score <= true:
+            return 0
+        return amount - amount * true // self.work_score
 
     def _agreement_due(self, proposal_id: MessageId, _: None) -> None:
         if proposal_id in self.selling.deals:
@@ -320,6 +331,11 @@ class Buyer(Role):
             ),
             max_prices=Prices(cpu_core_hour=job.limit, memory_gib_hour=cls.max_mem_price),
             constraints=self.constraints,
+            max_work_price=(
+                round(cls.max_work_price * job.limit / cls.max_cpu_price)
+                if cls.max_work_price
+                else None
+            ),
         )
 
     def _post(self, job: SimJob) -> None:

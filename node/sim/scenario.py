@@ -33,7 +33,13 @@ __all__ = [
     "parse_scenario",
 ]
 
-ADVERSARY_KINDS = ("spammer", "no-show-provider", "no-countersign-buyer", "sybil-ring")
+ADVERSARY_KINDS = (
+    "spammer",
+    "no-show-provider",
+    "no-countersign-buyer",
+    "sybil-ring",
+    "benchmark-liar",
+)
 DEMAND_SHAPES = ("steady", "surge", "diurnal")
 TOPIC_MODES = ("global", "region")
 STRATEGIES = ("fixed", "spread", "escalate")
@@ -85,6 +91,7 @@ class Hardware:
     ceiling_factor: float = 2.0  # utilization: the price at full load, times the drawn price
     floor_factor: float = 0.5  # utilization and market: the lowest price, times the drawn one
     undercut: float = 0.0  # market: ask this fraction below the tape's median
+    work_score: int = 0  # work units per core-hour it states (protocol/work.py); 0: none
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -98,6 +105,7 @@ class JobClass:
     max_mem_price: int = 0
     strategy: str = "spread"  # fixed | spread (+-spread) | escalate (raise while waiting)
     spread: float = 0.3
+    max_work_price: int = 0  # also cap the price per work unit (protocol/work.py); 0: no
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -116,6 +124,7 @@ class Adversary:
     kind: str
     count: int = 1
     per_min: float = 60.0  # spammer: invalid orders per minute, each
+    inflate: float = 2.0  # benchmark-liar: its stated work score, times its true one
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

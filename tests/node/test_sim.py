@@ -211,3 +211,11 @@ def test_cx_sim_refuses_a_bad_scenario_in_one_line(tmp_path, capsys):
     err = capsys.readouterr().err
     assert err.count("\n") == 1
     assert "minutes" in err
+
+
+def test_a_provider_lying_about_its_benchmark_wins_work_and_overcharges():
+    doc = simulate(small("benchmark-liar", nodes=100, minutes=15), seed=7)
+    liar = doc["adversaries"]["benchmark-liar"]
+    assert liar["honest_trades"] > 0
+    assert 0 < liar["overcharged"] <= liar["paid"] // 2
+    assert doc["invariants"]["ok"]
