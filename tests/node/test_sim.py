@@ -217,5 +217,6 @@ def test_a_provider_lying_about_its_benchmark_wins_work_and_overcharges():
     doc = simulate(small("benchmark-liar", nodes=100, minutes=15), seed=7)
     liar = doc["adversaries"]["benchmark-liar"]
     assert liar["honest_trades"] > 0
-    assert 0 < liar["overcharged"] <= liar["paid"] // 2
+    # a doubled score: half of every payment bought work never done (each rounded up)
+    assert liar["overcharged"] == pytest.approx(liar["paid"] / 2, abs=liar["agreements"])
     assert doc["invariants"]["ok"]
