@@ -81,7 +81,16 @@ class Trader:
         Raises:
             DecodeError, InvalidMessage: the message must not be forwarded.
         """
-        order: Signed[Any] = open_signed(wire)
+        return self.take_order(open_signed(wire), now_ms=now_ms)
+
+    def take_order(self, order: Signed[Any], *, now_ms: int) -> tuple[Signed[Any], list[Match]]:
+        """Admit a gossiped order already opened (decoded, signature verified): what
+        :meth:`receive_order` does past decoding. A simulator that opens each message once
+        hands the same opened order to every receiving node.
+
+        Raises:
+            InvalidMessage: the message must not be forwarded.
+        """
         if order.type not in ("offer", "bid", "cancel"):
             raise InvalidMessage(Reason.WRONG_TYPE, f"{order.type} is not gossiped")
         self.admit(order, now_ms)

@@ -68,7 +68,8 @@ class Node:
 class Cluster:
     """Nodes on one in-memory hub. ``epoch_ms`` starts each node's protocol clock there
     (runs under MockClock), else at the wall clock; ``runner`` makes a provider's job runner
-    from its home, else providers run real containers."""
+    from its home, else providers run real containers; ``wrap`` puts something (a fault
+    injector) between a node and its memory network."""
 
     def __init__(
         self,
@@ -78,13 +79,16 @@ class Cluster:
         *,
         epoch_ms: int | None = None,
         runner: Callable[[Home], Runner] | None = None,
+        wrap: Callable[[Home, Network], Network] | None = None,
     ) -> None:
         self.nursery = nursery
+        self.wrap = wrap
         self.root = root
         self.hub = MemoryHub()
         self.image_layout = image_layout
         self.image = ""
         self.epoch_ms = epoch_ms
+        self.started_at = trio.current_time()
         self.runner = runner
         self.bound = BOUND if epoch_ms is None else VIRTUAL_BOUND
 
@@ -110,6 +114,13 @@ class Cluster:
             )
         return init_home(self.root / name, NodeConfig(provider=provider))
 
+    def now_ms(self) -> int | None:
+        """Protocol time for a node starting now: one timeline for the whole cluster, so a
+        node restarted later does not start its clock at ``epoch_ms`` again."""
+        if self.epoch_ms is None:
+            return None
+        return self.epoch_ms + int((trio.current_time() - self.started_at) * 1000)
+
     async def start(self, home: Home, timings: Timings | None = None) -> Node:
         """Run ``serve_peer`` on ``home`` with its own memory peer; returns once it serves."""
         gone = trio.Event()
@@ -119,13 +130,15 @@ class Cluster:
                 with trio.CancelScope() as scope:
                     async with trio.open_nursery() as inner:
                         net = await inner.start(serve_memory_network, self.hub, home.key().peer_id)
+                        if self.wrap is not None:
+                            net = self.wrap(home, net)
                         peer = await inner.start(
                             functools.partial(
                                 serve_peer,
                                 home,
                                 network=net,
                                 timings=timings,
-                                clock=Clock(self.epoch_ms),
+                                clock=Clock(self.now_ms()),
                                 executor=None if self.runner is None else self.runner(home),
                             )
                         )
