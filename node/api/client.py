@@ -141,6 +141,9 @@ class ApiClient:
         """Run the benchmark on that provider and judge its stated work score (waits)."""
         return self._object("POST", f"/v1/providers/{peer_id}/check-score")
 
+    def offers(self) -> list[Json]:
+        return self._list("GET", "/v1/offers")
+
     def trades(self, since_ms: int = 0) -> list[Json]:
         return self._list("GET", f"/v1/market/trades?since_ms={since_ms}")
 

@@ -139,6 +139,12 @@ class NodeController:
         with _refusals():
             return dataclasses.asdict(await self.peer.check_score(provider))
 
+    def offers(self) -> list[Json]:
+        trader = self.peer.market.trader
+        return views.offers(
+            trader.book, trader.reputation, trader.me.raw, self.peer.market.now_ms()
+        )
+
     def trades(self, since_ms: int) -> list[Json]:
         return [views.trade_print(t) for t in self.peer.market.tape.prints(since_ms=since_ms)]
 

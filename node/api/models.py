@@ -20,6 +20,7 @@ __all__ = [
     "LogsView",
     "MarketView",
     "NodeView",
+    "OfferRowView",
     "OutputsRequest",
     "PeerView",
     "PriceField",
@@ -83,6 +84,23 @@ class OfferView(_View):
     trust: list[str]
     work_score: int | None = None  # work units per core-hour (spec/work.md)
     work_price: int | None = None  # micro-credits per work unit
+
+
+class OfferRowView(OfferView):
+    """An offer as ``cx offers`` lists it."""
+
+    provider: str
+    region: str
+    arch: str
+    gpus: list[str]
+    disk_gib_hour: int
+    gpu_hour: int
+    free_cpu_milli: int
+    free_memory_bytes: int
+    free_gpus: int
+    reputation: int  # this node's, parts per million (spec/reputation.md)
+    mine: bool
+    expires_ms: int
 
 
 class NodeView(_View):

@@ -48,6 +48,7 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
     POST /v1/providers/{peer}/check-score
                                   ScoreCheckView: the benchmark run on that provider, its
                                   stated and measured work score (waits for the job)
+    GET  /v1/offers               [OfferRowView]: every live offer in the book
     GET  /v1/market               MarketView
     GET  /v1/market/trades?since_ms=T
                                   [TradeView]: the tape's prints, oldest first
@@ -143,6 +144,8 @@ class Controller(Live, Protocol):
     def market(self) -> Json: ...
 
     def trades(self, since_ms: int) -> list[Json]: ...
+
+    def offers(self) -> list[Json]: ...
 
     async def check_score(self, provider: str) -> Json: ...
 
@@ -295,6 +298,10 @@ def _routes(app: FastAPI, c: Controller) -> None:
         peer_id: Annotated[str, Path(pattern=r"^12D3KooW[1-9A-HJ-NP-Za-km-z]{44}$")],
     ) -> Json:
         return await c.check_score(peer_id)
+
+    @app.get("/v1/offers", response_model=list[models.OfferRowView])
+    async def offers() -> list[Json]:
+        return c.offers()
 
     @app.get("/v1/market", response_model=models.MarketView)
     async def market() -> Json:

@@ -47,23 +47,7 @@ def snapshot(peer: Peer, node: Json, market_view: Json) -> Json:
 
 def _offers(peer: Peer) -> list[Json]:
     trader = peer.market.trader
-    out = []
-    for resting in trader.book.live_offers(peer.market.now_ms()):
-        o, signer = resting.offer, resting.order.signer
-        out.append(
-            {
-                **views.offer(resting.order),
-                "provider": signer.peer_id,
-                "region": o.region,
-                "arch": o.arch.value,
-                "gpus": [g.model for g in o.gpus],
-                "free_cpu_milli": resting.remaining.cpu_milli,
-                "free_memory_bytes": resting.remaining.memory_bytes,
-                "reputation": trader.reputation.get(signer.raw, 0),
-                "mine": signer.raw == trader.me.raw,
-            }
-        )
-    return sorted(out, key=lambda o: (o["class"], o["cpu_core_hour"]))
+    return views.offers(trader.book, trader.reputation, trader.me.raw, peer.market.now_ms())
 
 
 def _measured(counters: Counters | None) -> Json:

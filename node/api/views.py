@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping
 from typing import Any
 
 from node.peer import Sold, Why
@@ -21,7 +21,7 @@ from protocol.settlement import LedgerEntry
 from protocol.tape import TradePrint, candles, resource_class
 from protocol.work import work_per_kwh, work_price
 
-__all__ = ["history", "job", "ledger", "market", "offer", "why"]
+__all__ = ["history", "job", "ledger", "market", "offer", "offers", "why"]
 
 CHART_PRINTS = 40  # the recent prices a class's chart shows
 
@@ -66,6 +66,32 @@ def offer(order: Signed[Offer]) -> Json:
         "work_score": o.work_score,
         "work_price": work_price(o),
     }
+
+
+def offers(book: OrderBook, reputation: Mapping[bytes, int], me: bytes, now_ms: int) -> list[Json]:
+    """Every live offer in the book with its provider, hardware, prices, free capacity and
+    this node's reputation of the provider; by class, then CPU price."""
+    out = []
+    for resting in book.live_offers(now_ms):
+        o, signer = resting.offer, resting.order.signer
+        out.append(
+            {
+                **offer(resting.order),
+                "provider": signer.peer_id,
+                "region": o.region,
+                "arch": o.arch.value,
+                "gpus": [g.model for g in o.gpus],
+                "disk_gib_hour": o.prices.disk_gib_hour,
+                "gpu_hour": o.prices.gpu_hour,
+                "free_cpu_milli": resting.remaining.cpu_milli,
+                "free_memory_bytes": resting.remaining.memory_bytes,
+                "free_gpus": resting.remaining.gpus,
+                "reputation": reputation.get(signer.raw, 0),
+                "mine": signer.raw == me,
+                "expires_ms": resting.order.expires_ms,
+            }
+        )
+    return sorted(out, key=lambda o: (o["class"], o["cpu_core_hour"]))
 
 
 def why(w: Why) -> Json:

@@ -15,13 +15,16 @@ from node.cli.common import (
     add_common,
     age,
     client,
+    cpu,
     credits,
     duration_ms,
+    parse_credits,
     print_json,
     short_peer,
     table,
     talk,
 )
+from protocol.units import size
 
 __all__ = ["register", "render_market", "sparkline"]
 
@@ -96,6 +99,26 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     add_common(peers, json_help="print the peers as JSON")
     peers.set_defaults(run=talk("cx peers", _peers))
 
+    offers = commands.add_parser(
+        "offers",
+        help="every offer in this node's book: provider, hardware, prices, free capacity",
+        description="Every live offer this node knows, cheapest CPU first: the provider, "
+        "region, architecture, GPUs, prices per resource (credits: CPU per core-hour, "
+        "memory and disk per GiB-hour, GPU per GPU-hour), free capacity, work score and "
+        "this node's reputation of the provider. Filters narrow the list.",
+    )
+    offers.add_argument("--region", help="only this region")
+    offers.add_argument("--arch", help="only this CPU architecture (amd64, arm64)")
+    offers.add_argument("--gpu-model", help="only offers with a GPU of this model")
+    offers.add_argument(
+        "--max-price", type=parse_credits, metavar="CREDITS", help="CPU price at most this"
+    )
+    offers.add_argument(
+        "--cpu", type=cpu, metavar="CORES", help="at least this much free CPU (0.5, 2, 500m)"
+    )
+    add_common(offers, json_help="print the offers as JSON (micro-credits)")
+    offers.set_defaults(run=talk("cx offers", _offers))
+
     check = commands.add_parser(
         "check-score",
         help="run the benchmark on a provider and judge the work score it states",
@@ -163,8 +186,11 @@ def render_market(market: Json, now_ms: int | None = None) -> str:
         )
         for t in market.get("recent_trades") or []
     ]
-    out += ["", "recent trades:"]
-    out.append(table(("AGE", "CLASS", "CPU/CORE-H", "MEM/GIB-H"), trades, right=(0, 2, 3)))
+    if trades:
+        out += ["", "recent trades (the tape):"]
+        out.append(table(("AGE", "CLASS", "CPU/CORE-H", "MEM/GIB-H"), trades, right=(0, 2, 3)))
+    else:
+        out += ["", "no trades on the tape yet"]
     return "\n".join(out)
 
 
@@ -224,6 +250,44 @@ def render_ledger(ledger: Json, now_ms: int | None = None) -> str:
             "",
             table(headers, rows, right=(0, 5)),
         ]
+    )
+
+
+def _offers(args: argparse.Namespace) -> int:
+    offers = [o for o in client(args).offers() if _wanted(o, args)]
+    if args.json:
+        print_json(offers)
+        return 0
+    rows = [
+        (
+            short_peer(o["provider"]) + (" (me)" if o["mine"] else ""),
+            o["region"] or "-",
+            o["arch"],
+            ",".join(o["gpus"]) or "-",
+            credits(o["cpu_core_hour"]),
+            credits(o["memory_gib_hour"]),
+            credits(o["disk_gib_hour"]),
+            credits(o["gpu_hour"]) if o["gpus"] else "-",
+            f"{o['free_cpu_milli'] / 1000:g}",
+            size(o["free_memory_bytes"]),
+            o["work_score"] or "-",
+            o["reputation"],
+        )
+        for o in offers
+    ]
+    headers = ("PROVIDER", "REGION", "ARCH", "GPUS", "CPU/CORE-H", "MEM/GIB-H", "DISK/GIB-H",
+               "GPU/H", "FREE CPU", "FREE MEM", "WORK", "REPUTATION")  # fmt: skip
+    print(table(headers, rows, right=(4, 5, 6, 7, 8, 9, 10, 11)) if rows else "no offers")
+    return 0
+
+
+def _wanted(offer: Json, args: argparse.Namespace) -> bool:
+    return (
+        (args.region is None or offer["region"] == args.region)
+        and (args.arch is None or offer["arch"] == args.arch)
+        and (args.gpu_model is None or args.gpu_model in offer["gpus"])
+        and (args.max_price is None or offer["cpu_core_hour"] <= args.max_price)
+        and (args.cpu is None or offer["free_cpu_milli"] >= args.cpu)
     )
 
 

@@ -250,6 +250,19 @@ class FakeController:
         return {"provider": provider, "job_id": "cccc0003", "stated": 900, "measured": 880,
                 "honest": True, "detail": "stated 900, measured 880: within tolerance"}  # fmt: skip
 
+    def offers(self) -> list[dict]:
+        base = {"class": "amd64/cpu/eu", "cpu_milli": 4000, "memory_bytes": 8 << 30,
+                "memory_gib_hour": 100_000, "trust": ["none"], "work_score": 900,
+                "work_price": 1_000, "region": "eu", "arch": "amd64", "gpus": [],
+                "disk_gib_hour": 10_000, "gpu_hour": 0, "free_memory_bytes": 4 << 30,
+                "free_gpus": 0, "mine": False, "expires_ms": NOW_MS + 3_600_000}  # fmt: skip
+        return [
+            {**base, "id": "aa" * 32, "provider": PEER_A, "cpu_core_hour": 900_000,
+             "free_cpu_milli": 4000, "reputation": 250_000},
+            {**base, "id": "bb" * 32, "provider": PEER_B, "cpu_core_hour": 1_500_000,
+             "free_cpu_milli": 500, "reputation": 0, "region": "us"},
+        ]  # fmt: skip
+
     def trades(self, since_ms: int) -> list[dict]:
         return self.market()["recent_trades"] if since_ms <= NOW_MS else []
 

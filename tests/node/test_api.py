@@ -328,6 +328,7 @@ async def test_the_openapi_document_describes_every_route(server):
         "/v1/jobs/{job_id}/outputs",
         "/v1/jobs/{job_id}/cancel",
         "/v1/providers/{peer_id}/check-score",
+        "/v1/offers",
         "/v1/market",
         "/v1/market/history",
         "/v1/market/trades",

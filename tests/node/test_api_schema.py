@@ -84,6 +84,7 @@ OPERATIONS = [
     ("POST", "/v1/jobs/{job_id}/outputs"),
     ("POST", "/v1/jobs/{job_id}/cancel"),
     ("POST", "/v1/providers/{peer_id}/check-score"),
+    ("GET", "/v1/offers"),
     ("GET", "/v1/market"),
     ("GET", "/v1/market/history"),
     ("GET", "/v1/market/trades"),

@@ -192,6 +192,23 @@ async def test_market_ledger_peers(node, cx):
     assert len(json.loads(out)) == 2
 
 
+async def test_offers_lists_every_offer_and_filters(node, cx):
+    code, out, _ = await cx("offers")
+    assert code == 0
+    header, first, second = out.splitlines()
+    assert header.split()[:5] == ["PROVIDER", "REGION", "ARCH", "GPUS", "CPU/CORE-H"]
+    assert first.split()[1:] == [
+        "eu", "amd64", "-", "0.90", "0.10", "0.01", "-", "4", "4", "GiB", "900", "250000"
+    ]  # fmt: skip
+    assert second.split()[1:5] == ["us", "amd64", "-", "1.50"]
+    code, out, _ = await cx("offers", "--region", "us", "--json")
+    assert [o["provider"] for o in json.loads(out)] == [PEER_B]
+    code, out, _ = await cx("offers", "--cpu", "1", "--max-price", "1")
+    assert len(out.splitlines()) == 2  # only the first: enough free CPU, cheap enough
+    code, out, _ = await cx("offers", "--gpu-model", "H100")
+    assert out.strip() == "no offers"
+
+
 async def test_check_score_prints_the_verdict_and_exits_by_it(node, cx):
     code, out, _ = await cx("check-score", PEER_B)
     assert code == 0
