@@ -35,7 +35,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         description='Print a completion script for cx. bash: eval "$(cx completion bash)" '
         'in ~/.bashrc; zsh: eval "$(cx completion zsh)" in ~/.zshrc.',
     )
-    completion.add_argument("shell", choices=("bash", "zsh"))
+    completion.add_argument("shell", choices=("bash", "zsh"), help="the shell to complete for")
     completion.set_defaults(run=_completion)
 
 

@@ -101,10 +101,12 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     )
     p.add_argument("image", metavar="IMAGE", help="name or digest in the store, OCI path, or "
                    "HOST[:PORT]/REPO@sha256:...")  # fmt: skip
-    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...")
+    p.add_argument("command", nargs=argparse.REMAINDER, metavar="-- COMMAND ...",
+                   help="what to run in IMAGE (default the image's CMD)")  # fmt: skip
     p.add_argument("--input", action="append", default=[], metavar="FILE:/PATH",
                    help="make FILE readable at /PATH in the job (repeatable)")  # fmt: skip
-    p.add_argument("--env", action="append", default=[], metavar="K=V")
+    p.add_argument("-e", "--env", action="append", default=[], metavar="K=V",
+                   help="set a variable in the job (repeatable)")  # fmt: skip
     p.add_argument("--cpu", type=cpu, default=(os.cpu_count() or 1) * 1000,
                    help="the run's CPU limit; default every core")  # fmt: skip
     p.add_argument("--memory", type=size_bytes, default=DEFAULT_MEMORY,

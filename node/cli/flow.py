@@ -132,7 +132,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    run.add_argument("file", type=Path, metavar="FILE.toml")
+    run.add_argument("file", type=Path, metavar="FILE.toml", help="the flow: its steps, inputs")
     run.add_argument("--restart", action="store_true", help="forget earlier progress")
     add_common(run, json_help="print the final status as JSON")
     run.set_defaults(run=_run)
@@ -142,7 +142,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         description="Without NAME, every flow of this node's home; with it, its steps in "
         "order with their state, job, provider, cost and what they wait on.",
     )
-    status.add_argument("name", nargs="?", metavar="NAME")
+    status.add_argument("name", nargs="?", metavar="NAME", help="one flow (default: every flow)")
     add_common(status, json_help="print as JSON")
     status.set_defaults(run=_status)
 

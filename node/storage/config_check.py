@@ -35,6 +35,7 @@ SCHEMA: dict[str, dict[str, Any]] = {
         "cpu_milli": int, "memory_bytes": int, "disk_bytes": int, "cpu_core_hour": int,
         "memory_gib_hour": int, "disk_gib_hour": int, "arch": str, "region": str, "tpm": bool,
         "tcti": str, "offer_ttl_ms": int, "max_share_ppm": int, "benchmark": bool,
+        "gpu_hour": int, "gpu_shares": int,
         "pricing": _TABLE, "cost": _TABLE,
     },
     "provider.pricing": {

@@ -92,6 +92,7 @@ _SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
         "cpu_core_hour": (_MONEY, True),
         "memory_gib_hour": (_MONEY, False),
         "disk_gib_hour": (_MONEY, False),
+        "gpu_hour": (_MONEY, False),
         "arch": (_arch, False),
         "region": (_str, False),
         "tpm": (_bool, False),
@@ -99,6 +100,7 @@ _SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
         "offer_ttl_ms": (_int(1), False),
         "max_share_ppm": (_int(0, 1_000_000), False),
         "benchmark": (_bool, False),
+        "gpu_shares": (_int(0, 64), False),
         "pricing": (_table(None), False),  # its keys: node/storage/home.py _parse_pricing
         "cost": (
             _table({"watts": _int(0), "kwh_price": _MONEY, "depreciation_per_hour": _MONEY}),

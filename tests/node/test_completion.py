@@ -40,7 +40,7 @@ def complete(script: str, line: str) -> list[str]:
         ("cx image ", ["--help", "build-rootfs", "gc", "import", "ls"]),
         ("cx node --lo", ["--log-format"]),
         ("cx jobs --w", ["--watch"]),
-        ("cx --v", ["--verbose"]),
+        ("cx --v", ["--verbose", "--version"]),
     ],
 )
 def test_bash_completes_commands_and_options(
