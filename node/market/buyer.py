@@ -579,6 +579,8 @@ class Buyer:
         self.market.on_settled(agreement, countersigned)
         if agreement.id in self._followed:
             self._followed[agreement.id].set()
+        if receipt.exit_reason is ExitReason.PROVIDER_FAULT:
+            self._forgive(agreement.terms.provider)
         if (
             job_id is not None
             and receipt.exit_reason in _RETRY
@@ -586,6 +588,19 @@ class Buyer:
         ):
             await self._bid_again(job_id, receipt.checkpoint)
         return countersigned.to_wire()
+
+    def _forgive(self, provider: bytes) -> None:
+        """A provider we abandoned admitted the fault (a crash, a restart): propose to it
+        again, and let the bids that waited for want of it try it now (spec/peer.md 10)."""
+        trader = self.buying.trader
+        if trader.reputation.pop(provider, 0) >= 0:
+            return
+        now = self.market.now_ms()
+        for bid_id, job_id in list(self._bid_jobs.items()):
+            job = self.db.job(job_id)
+            if bid_id in trader.book.bids and job is not None and job.state == "waiting":
+                for match in self.buying.next_match(MessageId(bid_id), now_ms=now):
+                    self._on_match(match)
 
     def _current(self, job_id: str, agreement_id: bytes) -> bool:
         """Is this agreement still the job's live attempt (not one abandoned before)?"""

@@ -743,6 +743,10 @@ class P2PNetwork:
         self._nursery: trio.Nursery | None = None
         self._handlers: dict[ProtocolId, StreamHandler] = {}
         self._subscribed: set[str] = set()
+        # Where each peer was last reached (connect), newest first: libp2p's peerstore
+        # forgets a peer's addresses once its connection is gone, so open_stream to a peer
+        # that restarted (or was cut off a while) found "no known addresses".
+        self._reached: dict[ID, list[str]] = {}
         # Accepted items of each bundle, keyed by libp2p message id, between the
         # validator (which decides) and the delivery task (which hands them over).
         self._accepted: dict[tuple[bytes, bytes], list[bytes]] = {}
@@ -851,12 +855,43 @@ class P2PNetwork:
                 await self.host.connect(info)
         if not self._has_live_connection(info.peer_id):
             raise DialError(NetReason.UNREACHABLE, f"dial {addr}: no connection came up")
+        known = self._reached.setdefault(info.peer_id, [])
+        if addr in known:
+            known.remove(addr)
+        known.insert(0, addr)
+        del known[4:]
         if self.dht is not None:
             with contextlib.suppress(BaseLibp2pError, OSError):
                 await self.dht.add_peer(info.peer_id)
         return _peer(info.peer_id)
 
     # -- discovery: DHT provider records ---------------------------------------------------
+
+    def _dialable(self, peer: ID, addrs: list[multiaddr.Multiaddr]) -> list[str]:
+        """Addresses to try for ``peer``: its direct ones, then through relays we know."""
+        direct = [f"{_without_peer(a)}/p2p/{peer}" for a in addrs if "/p2p-circuit" not in str(a)]
+        relayed = []
+        if self.nat is not None:
+            relayed = [
+                f"{addr}/p2p/{relay}/p2p-circuit/p2p/{peer}"
+                for relay, addr in self.nat.relay_candidates()[:3]
+                if relay != peer
+            ]
+        return direct + relayed
+
+    async def _redial(self, peer: ID) -> None:
+        """Dial a peer we have no connection to: where it was last reached, else where the
+        DHT says it is (a peer only heard of through gossip has no address here yet)."""
+        candidates = list(self._reached.get(peer, ()))
+        if not candidates and self.dht is not None:
+            with trio.move_on_after(self.config.dial_timeout):
+                info = await self.dht.find_peer(peer)
+                if info is not None:
+                    candidates = self._dialable(peer, list(info.addrs))
+        for addr in candidates:
+            with contextlib.suppress(DialError, LocalNetworkError):
+                await self.connect(addr)
+                return
 
     async def _tend_dht(self, dht: KadDHT) -> None:
         """Put every connected peer in the routing table (0.8.1 adds only those we dial
@@ -887,21 +922,8 @@ class P2PNetwork:
             infos = await self.dht.find_providers(_dht_key(key), limit)
             found: dict[PeerId, list[str]] = {}
             for info in infos:
-                if info.peer_id == self._own_id:
-                    continue
-                direct = [
-                    f"{_without_peer(a)}/p2p/{info.peer_id}"
-                    for a in info.addrs
-                    if "/p2p-circuit" not in str(a)
-                ]
-                relayed = []
-                if self.nat is not None:
-                    relayed = [
-                        f"{addr}/p2p/{relay}/p2p-circuit/p2p/{info.peer_id}"
-                        for relay, addr in self.nat.relay_candidates()[:3]
-                        if relay != info.peer_id
-                    ]
-                found[_peer(info.peer_id)] = direct + relayed
+                if info.peer_id != self._own_id:
+                    found[_peer(info.peer_id)] = self._dialable(info.peer_id, info.addrs)
             return found
         return {}
 
@@ -1075,6 +1097,8 @@ class P2PNetwork:
             peer_id = ID.from_base58(peer)
         except (ValueError, TypeError) as exc:
             raise LocalNetworkError(NetReason.BAD_ADDRESS, f"{peer!r} is not a peer id") from exc
+        if not self._has_live_connection(peer_id):
+            await self._redial(peer_id)
         with (
             map_exceptions(_DIAL_ERRORS, f"open {protocol_id} to {peer}"),
             trio.fail_after(self.config.dial_timeout),

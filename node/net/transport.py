@@ -269,7 +269,8 @@ class Network(Protocol):
         taken by the subscriber); for /metrics."""
 
     async def open_stream(self, peer: PeerId, protocol_id: ProtocolId) -> Stream:
-        """Open a stream to ``peer`` speaking ``protocol_id``.
+        """Open a stream to ``peer`` speaking ``protocol_id``; with no connection left, the
+        peer is dialled again where it was last reached.
 
         Raises DialError if the peer is unreachable or does not serve the protocol.
         """

@@ -7,6 +7,6 @@ the internet (latency, jitter, loss, NAT, partitions, churn).
 - ``wan``: the userspace router that carries every packet between namespaces.
 """
 
-from node.testnet.runner import Node, Testnet
+from node.testnet.runner import Conditions, Node, Testnet
 
-__all__ = ["Node", "Testnet"]
+__all__ = ["Conditions", "Node", "Testnet"]

@@ -226,7 +226,9 @@ class Lab:
     def start_wan(self, impairment: Impairment, *, seed: int = 0) -> None:
         """Start the router process that carries every packet between the hosts."""
         fds = list(self._tuns.values())
-        argv = [sys.executable, "-m", "node.testnet.wan", f"--seed={seed}"]
+        # Not ``-m node.testnet.wan``: importing the package imports that module first.
+        argv = [sys.executable, "-c", "from node.testnet.wan import main; main()"]
+        argv += [f"--seed={seed}"]
         argv += [f"--link={fd}={address}" for address, fd in self._tuns.items()]
         argv += [
             f"--latency-ms={impairment.latency_s * 1000}",
@@ -262,8 +264,12 @@ class Lab:
 
     @staticmethod
     def command(host: Host, argv: Sequence[str]) -> list[str]:
-        """``argv`` to run inside ``host``'s namespace."""
-        return ["ip", "netns", "exec", host.netns, *argv]
+        """``argv`` to run inside ``host``'s network namespace.
+
+        ``nsenter --net``, not ``ip netns exec``: the latter also remounts /sys for the
+        namespace, which hides /sys/fs/cgroup from the node's container runtime.
+        """
+        return ["nsenter", f"--net=/run/netns/{host.netns}", "--", *argv]
 
     def close(self) -> None:
         """Stop the WAN and delete every namespace (their devices and rules go with them)."""
