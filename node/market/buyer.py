@@ -24,6 +24,7 @@ import trio
 
 from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
+from node.market import peering
 from node.market.gossip import Market
 from node.market.request import JobRequest, RequestError, bid_from_request, parse_request
 from node.market.secrets import Vault, lost_secrets, send_secrets
@@ -339,6 +340,7 @@ class Buyer:
         accepted = False
         try:
             with trio.fail_after(self.timings.negotiation_timeout_s):
+                await peering.reach(self.market, who)
                 stream = FramedStream(await self.market.net.open_stream(who, NEGOTIATE))
                 try:
                     await stream.send_frame(proposal.wire)

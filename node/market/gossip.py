@@ -310,6 +310,10 @@ class Market:
     def _live_cancels(self, now: int) -> list[tuple[Signed[Cancel], str]]:
         return [(c, topic) for c, topic in self._cancels if c.expires_ms > now]
 
+    async def hello(self, peer: PeerId) -> None:
+        """Swap addresses with ``peer`` again and dial the peers it knows that we do not."""
+        await self._hello(peer)
+
     async def _hello(self, peer: PeerId) -> None:
         try:
             with trio.fail_after(self.timings.hello_timeout_s):

@@ -16,6 +16,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
@@ -30,7 +31,7 @@ from protocol.messages import Bid, Offer
 if TYPE_CHECKING:
     from trio_typing import TaskStatus  # see node/net/memnet.py: trio-stubs shadow trio
 
-__all__ = ["DISCOVERY_S", "bid_key", "discover", "keep_in_touch", "offer_keys"]
+__all__ = ["DISCOVERY_S", "bid_key", "discover", "keep_in_touch", "offer_keys", "reach"]
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,27 @@ async def keep_in_touch(
         await nursery.start(keep_connected, market.net, bootstrap)
         nursery.start_soon(discover, market)
         task_status.started()
+
+
+async def reach(market: Market, peer: PeerId) -> None:
+    """Connect to ``peer`` before a stream is opened to it, if we can.
+
+    A peer known only from its gossip (an offer relayed by others) has no address here: it
+    may have greeted our bootstrap peer after we did. Dial it where hello told us it is,
+    else hello our peers again, which dials the peers they learned of since; what fails is
+    left to the stream's own dial to report.
+    """
+    net = market.net
+    if peer in net.peers():
+        return
+    if (addr := market.addresses.get(peer)) is not None:
+        with contextlib.suppress(NetworkError):
+            await net.connect(addr)
+            return
+    for other in sorted(net.peers()):
+        await market.hello(other)
+        if peer in net.peers():
+            return
 
 
 async def discover(market: Market, *, interval_s: float = DISCOVERY_S) -> None:

@@ -555,9 +555,11 @@ class _Nat:
       directly connected peers are asked to dial us back; ``confirmations`` agreeing
       verdicts make us PUBLIC or PRIVATE.
     - Circuit relay v2: every node accepts relayed connections (stop) and, unless
-      ``relay_service`` is off, relays for others (hop). A PRIVATE node keeps reservations
-      on up to ``relays`` relays and advertises ``<relay>/p2p-circuit/p2p/<us>`` first
-      (:meth:`circuit_addrs`); its DHT turns client-only, since nobody can dial it. A
+      ``relay_service`` is off, relays for others (hop). A PRIVATE node, or one that no
+      peer could dial back yet (:attr:`unreached`: one verdict is all a node behind NAT
+      with a single public peer ever gets), keeps reservations on up to ``relays`` relays
+      and advertises ``<relay>/p2p-circuit/p2p/<us>`` first (:meth:`circuit_addrs`); a
+      PRIVATE node's DHT turns client-only, since nobody can dial it. A
       relay is a peer seen at an address it listens on (so not behind NAT itself),
       bootstrap peers first.
     - DCUtR: its own loop upgrades every relayed connection to a direct one, by a direct
@@ -592,6 +594,13 @@ class _Nat:
     @property
     def private(self) -> bool:
         return self.autonat.get_status() == AutoNATStatus.PRIVATE
+
+    @property
+    def unreached(self) -> bool:
+        """Every peer that tried to dial us back failed, too few yet for a verdict: a node
+        behind NAT whose only direct peer is its bootstrap node stays here for good."""
+        results = self.autonat.dial_results
+        return bool(results) and not any(results.values())
 
     @property
     def reachability(self) -> str:
@@ -657,7 +666,7 @@ class _Nat:
             await self.autonat.check_reachability(servers[: self.tuning.servers])
             if self.reachability != before:
                 logger.info("AutoNAT: this node is %s", self.reachability)
-        if self.private:
+        if self.private or self.unreached:  # a relay slot costs little; unreachable costs all
             await self._reserve()
 
     async def _reserve(self) -> None:
@@ -776,9 +785,9 @@ class P2PNetwork:
     def listen_addrs(self) -> list[str]:
         """Where to dial us: behind NAT, through our relays first."""
         direct = [str(a) for a in self.host.get_addrs()]
-        if self.nat is None or not self.nat.private:
+        if self.nat is None:
             return direct
-        return self.nat.circuit_addrs() + direct
+        return self.nat.circuit_addrs() + direct  # none unless we hold reservations
 
     @property
     def reachability(self) -> str:
@@ -881,13 +890,15 @@ class P2PNetwork:
 
     async def _redial(self, peer: ID) -> None:
         """Dial a peer we have no connection to: where it was last reached, else where the
-        DHT says it is (a peer only heard of through gossip has no address here yet)."""
+        DHT says it is (a peer only heard of through gossip has no address here yet), and
+        last through our relays (a peer behind NAT holds a slot on the public ones)."""
         candidates = list(self._reached.get(peer, ()))
         if not candidates and self.dht is not None:
             with trio.move_on_after(self.config.dial_timeout):
                 info = await self.dht.find_peer(peer)
                 if info is not None:
                     candidates = self._dialable(peer, list(info.addrs))
+        candidates += [a for a in self._dialable(peer, []) if a not in candidates]
         for addr in candidates:
             with contextlib.suppress(DialError, LocalNetworkError):
                 await self.connect(addr)

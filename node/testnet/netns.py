@@ -38,6 +38,7 @@ from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 from typing import IO
 
+from node.testnet import wan
 from node.testnet.wan import Impairment
 
 __all__ = ["Host", "Lab", "LabError", "entered"]
@@ -226,9 +227,10 @@ class Lab:
     def start_wan(self, impairment: Impairment, *, seed: int = 0) -> None:
         """Start the router process that carries every packet between the hosts."""
         fds = list(self._tuns.values())
-        # Not ``-m node.testnet.wan``: importing the package imports that module first.
-        argv = [sys.executable, "-c", "from node.testnet.wan import main; main()"]
-        argv += [f"--seed={seed}"]
+        # By its path, not ``-m node.testnet.wan``: importing the package would import the
+        # testnet runner and most of the node first (a second or more on a busy machine,
+        # while the hosts' first packets wait). The router needs the standard library only.
+        argv = [sys.executable, "-I", wan.__file__, f"--seed={seed}"]
         argv += [f"--link={fd}={address}" for address, fd in self._tuns.items()]
         argv += [
             f"--latency-ms={impairment.latency_s * 1000}",
@@ -241,6 +243,7 @@ class Lab:
         for fd in fds:  # the router holds them now; a TUN device lives as long as its holder
             os.close(fd)
         self._tuns.clear()
+        self.wan_stats()  # answered from the router's loop: it carries packets from now on
 
     def _control(self, line: str) -> IO[str]:
         if self._wan is None or self._wan.stdin is None or self._wan.stdout is None:

@@ -24,8 +24,9 @@ Measured on the 2-core development machine (TCP between two namespaces, MTU 1500
 (+0.9 ms over the nominal 50 ms; vde2's wirefilter, evaluated beside it, gave 49.5 ms and
 67 MB/s with no delay). See the README, "Testnets that look like the internet".
 
-Run as ``main()`` with ``--link FD=ADDRESS ... --latency-ms 50`` and the descriptors
-inherited (``pass_fds``); :class:`~node.testnet.netns.Lab` does that.
+Run as a script, ``python wan.py --link FD=ADDRESS ... --latency-ms 50`` with the
+descriptors inherited (``pass_fds``); :class:`~node.testnet.netns.Lab` does that. It imports
+the standard library only, so it starts in tens of milliseconds.
 """
 
 from __future__ import annotations
