@@ -595,8 +595,9 @@ class Buyer:
         """A provider we abandoned admitted the fault (a crash, a restart): propose to it
         again, and let the bids that waited for want of it try it now (spec/peer.md 10)."""
         trader = self.buying.trader
-        if trader.reputation.pop(provider, 0) >= 0:
+        if trader.reputation.get(provider, 0) >= 0:  # a score, not our verdict: keep it
             return
+        del trader.reputation[provider]
         now = self.market.now_ms()
         for bid_id, job_id in list(self._bid_jobs.items()):
             job = self.db.job(job_id)
