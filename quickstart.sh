@@ -9,11 +9,12 @@ cd "$(dirname "$0")"
 
 # System packages the product and its tests use (OCI runtimes, image tools, TPM simulator,
 # and for the tests a real OCI registry, skopeo to push to it, htpasswd for its logins,
-# Prometheus to scrape a node, headless Chromium and its driver to look at the dashboard).
+# Prometheus to scrape a node, headless Chromium and its driver to look at the dashboard,
+# and for `cx testnet --netns` namespaces, NAT and sysctl).
 APT_PACKAGES=(python3 python3-venv python3-dev gcc pkg-config libgmp-dev libtss2-dev git
               crun runc umoci busybox-static swtpm swtpm-tools tpm2-tools libc6-dev podman
               docker-registry skopeo apache2-utils prometheus chromium chromium-driver
-              e2fsprogs)
+              e2fsprogs iproute2 iptables procps util-linux)
 
 need_apt=()
 for pkg in "${APT_PACKAGES[@]}"; do

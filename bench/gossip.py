@@ -17,7 +17,11 @@ and accepts everything instead, to see what admission costs.
 Every node's admission runs on the one core this process has, so the network-wide rate is
 what N nodes sharing one core sustain; the CPU per order delivered to a node (all the
 process's work over all deliveries) is printed beside it.
+Baseline for admission: raw Ed25519 verification (PyNaCl, as bench/ingest.py's) of the same
+orders, in the same run, per second of CPU; the rate a node with a core of its own would
+admit by gossip (per second of CPU: 1 / the CPU per delivery) is printed as a share of it.
 Goals (issue 5): propagation p99 < 1 s; >= 1,000 orders/s network-wide; stream >= 150 MB/s.
+Goal (issue 11): a node admits gossiped orders at >= 0.5x its raw verification rate.
 Prints a table, then one JSON line. ``--nodes``, ``--orders`` to change the size.
 """
 
@@ -36,6 +40,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent / "tests"))
 
 import trio
 from factories import HOUR_MS, Nonces, bid, offer
+from ingest import verify_items
 
 from node.net.p2p import P2PNetwork, serve_network
 from node.net.transport import FramedStream, Gossip, PeerId, ProtocolId, Stream, Validator, Verdict
@@ -98,6 +103,16 @@ class Orders:
         payload = bid(cpu_limit=40_000 + self.count % 1000)  # below every offer: no trades
         order, _ = self.trader.post(payload, nonce=self.nonce(), now_ms=now_ms(), ttl_ms=HOUR_MS)
         return order.wire
+
+
+def raw_verify_cpu_rate(wires: list[bytes]) -> float:
+    """Ed25519 verifications per CPU second (as the admission's cost is measured: on a
+    shared machine, waiting for a core counts in neither)."""
+    items = verify_items(wires)
+    start = time.process_time()
+    for verify_key, message, signature in items:
+        verify_key.verify(message, signature)
+    return len(items) / (time.process_time() - start)
 
 
 def pct(values: list[float], q: float) -> float:
@@ -275,6 +290,9 @@ async def testnet(args: argparse.Namespace) -> dict[str, float | int]:
             # CPU of the whole process per order delivered to one node: gossip and admission.
             result["cpu_us_per_delivery"] = cpu / (args.orders * (args.nodes - 1)) * 1e6
             result["refused"] = len(refused)
+            if signed:
+                wires = [data for _, data in burst]
+                result["raw_verify_per_s"] = max(raw_verify_cpu_rate(wires) for _ in range(3))
             drains.cancel_scope.cancel()
         nursery.cancel_scope.cancel()
     return result
@@ -333,6 +351,17 @@ def main() -> int:
             f"~{1e6 / r['cpu_us_per_delivery']:.0f} orders/s (derived)",
         ),
     ]
+    if "raw_verify_per_s" in r:
+        per_node = 1e6 / r["cpu_us_per_delivery"]
+        r["admitted_per_node_core_per_s"] = per_node
+        r["vs_raw_verify"] = per_node / r["raw_verify_per_s"]
+        rows.append(
+            (
+                "raw Ed25519 verify, same orders, CPU",
+                f"{r['raw_verify_per_s']:.0f} /s",
+                f"a node on its own core admits {r['vs_raw_verify']:.2f}x that; goal 0.5x",
+            )
+        )
     what = (
         "signed orders, Trader.receive_order as validator"
         if args.validator == "admission"

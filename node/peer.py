@@ -37,6 +37,7 @@ from node.clock import Clock, Entropy, Timings, system_entropy
 from node.exec.executor import Executor, ExecutorConfig
 from node.exec.gpu import provider_gpus
 from node.exec.machine import detect_hardware
+from node.market import peering
 from node.market.buyer import FINAL_STATES, WAITING_STATES, Buyer
 from node.market.gossip import Market
 from node.market.provider import Provider, Runner
@@ -465,11 +466,7 @@ async def serve_peer(
                     stack.callback(runner.close)  # its cleanups and helper process
                 provider = Provider(market, key, runner, offering, attestor, s3=config.s3)
                 await nursery.start(provider.run)
-            for addr in config.bootstrap:
-                try:
-                    await market.join(addr)
-                except NetworkError as exc:
-                    log.warning("bootstrap peer %s unreachable: %s", addr, exc)
+            await nursery.start(peering.keep_in_touch, market, config.bootstrap)
             task_status.started(Peer(home, config, key, market, buyer, provider))
     finally:
         db.close()

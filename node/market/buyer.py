@@ -24,6 +24,7 @@ import trio
 
 from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
+from node.market import peering
 from node.market.gossip import Market
 from node.market.livelogs import ask_logs
 from node.market.request import JobRequest, RequestError, bid_from_request, parse_request
@@ -376,6 +377,7 @@ class Buyer:
         accepted = False
         try:
             with trio.fail_after(self.timings.negotiation_timeout_s):
+                await peering.reach(self.market, who)
                 stream = FramedStream(await self.market.net.open_stream(who, NEGOTIATE))
                 try:
                     await stream.send_frame(proposal.wire)
@@ -617,6 +619,8 @@ class Buyer:
         self.market.on_settled(agreement, countersigned)
         if agreement.id in self._followed:
             self._followed[agreement.id].set()
+        if receipt.exit_reason is ExitReason.PROVIDER_FAULT:
+            self._forgive(agreement.terms.provider)
         if (
             job_id is not None
             and receipt.exit_reason in _RETRY
@@ -624,6 +628,20 @@ class Buyer:
         ):
             await self._bid_again(job_id, receipt.checkpoint)
         return countersigned.to_wire()
+
+    def _forgive(self, provider: bytes) -> None:
+        """A provider we abandoned admitted the fault (a crash, a restart): propose to it
+        again, and let the bids that waited for want of it try it now (spec/peer.md 10)."""
+        trader = self.buying.trader
+        if trader.reputation.get(provider, 0) >= 0:  # a score, not our verdict: keep it
+            return
+        del trader.reputation[provider]
+        now = self.market.now_ms()
+        for bid_id, job_id in list(self._bid_jobs.items()):
+            job = self.db.job(job_id)
+            if bid_id in trader.book.bids and job is not None and job.state == "waiting":
+                for match in self.buying.next_match(MessageId(bid_id), now_ms=now):
+                    self._on_match(match)
 
     def _current(self, job_id: str, agreement_id: bytes) -> bool:
         """Is this agreement still the job's live attempt (not one abandoned before)?"""

@@ -47,7 +47,7 @@ from node.storage.store import BlobStore
 from protocol.book import Match
 from protocol.envelope import Signed
 from protocol.errors import LocalProtocolError, ProtocolError, Reason
-from protocol.messages import Bid
+from protocol.messages import Bid, Cancel
 from protocol.negotiation import Agreement
 from protocol.receipts import CountersignedReceipt
 from protocol.tape import SignedPrint, Tape
@@ -103,6 +103,8 @@ class Market:
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
         self._changed = trio.Event()
         self.version = 0  # counts touch(): a reader that saw N knows whether it missed one
+        self._greeted: dict[PeerId, trio.Event] = {}  # peers greeted on this connection
+        self._cancels: list[tuple[Signed[Cancel], str]] = []  # ours, and their topics
 
     @property
     def me(self) -> PeerId:
@@ -178,6 +180,9 @@ class Market:
         """Gossip one of our orders; a cancel names the topic of the order it cancels."""
         if topic is None:
             topic = BIDS_TOPIC if isinstance(order.payload, Bid) else OFFERS_TOPIC
+        if isinstance(order.payload, Cancel):  # told again to every peer that connects
+            self._cancels = self._live_cancels(self.now_ms())
+            self._cancels.append((order, topic))
         await self.net.publish(topic, order.wire)
 
     # -- the tape ----------------------------------------------------------------------
@@ -263,12 +268,31 @@ class Market:
         """
         peer = await self.net.connect(addr)
         self.addresses[peer] = addr
-        await self._hello(peer)
-        await self.sync_book(peer)
-        await self.sync_tape(peer)
-        await self._announce()
-        self.on_joined(peer)
+        await self.greet(peer)
         return peer
+
+    async def greet(self, peer: PeerId) -> None:
+        """Swap addresses with a newly connected peer, take its book, send ours again.
+
+        Once per connection: ``node/market/peering.py`` calls it for every peer that
+        connects and :meth:`forget` when it goes; a second call waits for the first.
+        """
+        if (done := self._greeted.get(peer)) is not None:
+            await done.wait()
+            return
+        self._greeted[peer] = done = trio.Event()
+        try:
+            await self._hello(peer)
+            await self.sync_book(peer)
+            await self.sync_tape(peer)
+            await self._announce()
+            self.on_joined(peer)
+        finally:
+            done.set()
+
+    def forget(self, peer: PeerId) -> None:
+        """The connection to ``peer`` is gone: greet it again when it comes back."""
+        self._greeted.pop(peer, None)
 
     async def _announce(self) -> None:
         """Gossip our own live orders again, now that we have peers to gossip them to.
@@ -277,8 +301,18 @@ class Market:
         bid restored after a restart) reached nobody, and the book exchange only pulls.
         Peers that hold an order already ignore the repeat (admission's replay guard).
         """
-        for order in self.trader.live_orders(self.now_ms(), mine=True):
+        now = self.now_ms()
+        for order in self.trader.live_orders(now, mine=True):
             await self.publish(order)
+        for cancel, topic in self._live_cancels(now):
+            await self.net.publish(topic, cancel.wire)
+
+    def _live_cancels(self, now: int) -> list[tuple[Signed[Cancel], str]]:
+        return [(c, topic) for c, topic in self._cancels if c.expires_ms > now]
+
+    async def hello(self, peer: PeerId) -> None:
+        """Swap addresses with ``peer`` again and dial the peers it knows that we do not."""
+        await self._hello(peer)
 
     async def _hello(self, peer: PeerId) -> None:
         try:
@@ -293,6 +327,8 @@ class Market:
             log.info("hello to %s failed: %s", peer, exc)
             return
         for other, addr in answer.get("peers", []):
+            if other == peer:  # where it says it is now, if it restarted elsewhere
+                self.addresses[peer] = str(addr)
             await self._dial_learned(PeerId(str(other)), str(addr))
 
     async def _dial_learned(self, peer: PeerId, addr: str) -> None:
@@ -342,5 +378,9 @@ class Market:
     async def _serve_book(self, raw: Stream) -> None:
         stream = FramedStream(raw)
         read_control(await stream.receive_frame())
-        for order in self.trader.live_orders(self.now_ms()):
-            await stream.send_frame(order.wire)
+        now = self.now_ms()
+        orders: list[Signed[Any]] = self.trader.live_orders(now)
+        orders += [cancel for cancel, _ in self._live_cancels(now)]
+        for order in orders:
+            if order.signer.peer_id != raw.remote_peer:  # its own it knows better than we do
+                await stream.send_frame(order.wire)

@@ -593,7 +593,16 @@ class Provider:
     # -- restart -----------------------------------------------------------------------
 
     def _restore(self) -> None:
-        """Take back unsettled agreements; a job the crash interrupted ends as our fault."""
+        """Take back our offers (so that :meth:`_post_offer` cancels them where they are
+        still held) and unsettled agreements; a job the crash interrupted ends as our fault."""
+        now = self.market.now_ms()
+        for order_id, kind, wire, expires_ms, _ in self.db.orders():
+            if kind != "offer" or expires_ms <= now:
+                continue
+            try:
+                self.market.trader.repost(open_signed(wire, Offer), now_ms=now)
+            except ProtocolError as exc:
+                self.db.quarantine("orders", order_id, f"unreadable offer: {exc}", now)
         for row in self.db.agreements():
             if row.role != "provider":
                 continue

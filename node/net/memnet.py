@@ -14,6 +14,8 @@ Rules:
 - Delivery applies backpressure instead of dropping: ``publish`` waits while a
   subscriber's channel is full. Keep consumers draining (or buffers large) so two peers
   that publish from their gossip loops cannot wait on each other.
+- Provider records are kept on the hub and found while their provider runs: a DHT that
+  is always complete.
 - Streams are pairs of bounded memory channels; a handler runs in the serving peer's
   nursery and its stream is closed when it returns.
 """
@@ -69,6 +71,7 @@ class MemoryHub:
         self.subscription_buffer = subscription_buffer
         self.stream_buffer = stream_buffer
         self._nodes: dict[PeerId, MemoryNetwork] = {}
+        self._providers: dict[str, set[PeerId]] = {}  # the DHT's provider records
         self._message_ids = itertools.count()
         self._changed = trio.Event()
 
@@ -174,6 +177,22 @@ class MemoryNetwork:
 
     def peers(self) -> frozenset[PeerId]:
         return frozenset(p for p in self._links if self.hub.node(p) is not None)
+
+    async def wait_peers_changed(self) -> None:
+        await self.hub._changed.wait()
+
+    async def provide(self, key: str) -> None:
+        await trio.lowlevel.checkpoint()
+        self.hub._providers.setdefault(key, set()).add(self._peer_id)
+
+    async def find_providers(self, key: str, limit: int = 20) -> dict[PeerId, list[str]]:
+        await trio.lowlevel.checkpoint()
+        found = sorted(
+            p
+            for p in self.hub._providers.get(key, ())
+            if p != self._peer_id and self.hub.node(p) is not None
+        )
+        return {p: [_ADDR_PREFIX + p] for p in found[:limit]}
 
     async def subscribe(
         self, topic: str, validator: Validator

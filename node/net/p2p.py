@@ -74,6 +74,7 @@ hang. rust-yamux has the same flaw (libp2p/rust-yamux#227).
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import logging
 import os
 import time
@@ -85,11 +86,13 @@ from typing import TYPE_CHECKING, Any
 import multiaddr
 import trio
 from libp2p import new_host
+from libp2p.abc import INetConn, INetwork, INotifee
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
 from libp2p.custom_types import TProtocol
 from libp2p.exceptions import BaseLibp2pError
+from libp2p.host.autonat.autonat import AutoNATService, AutoNATStatus
 from libp2p.host.basic_host import BasicHost
 from libp2p.host.exceptions import StreamFailure
 from libp2p.io.exceptions import IOException
@@ -99,12 +102,19 @@ from libp2p.network.exceptions import SwarmException
 from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import InvalidAddrError, info_from_p2p_addr
+from libp2p.peer.peerstore import PeerStoreError
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
 from libp2p.pubsub.rpc_queue import RpcQueue
 from libp2p.pubsub.score import PeerScorer, ScoreParams, TopicScoreParams
+from libp2p.relay.circuit_v2.config import RelayConfig, RelayRole
+from libp2p.relay.circuit_v2.dcutr import DCUtRProtocol
+from libp2p.relay.circuit_v2.protocol import PROTOCOL_ID as HOP_PROTOCOL_ID
+from libp2p.relay.circuit_v2.protocol import CircuitV2Protocol
+from libp2p.relay.circuit_v2.resources import RelayLimits
+from libp2p.relay.circuit_v2.transport import CircuitV2Transport
 from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH as NOISE_MAX_PLAINTEXT
 from libp2p.security.noise.transport import PROTOCOL_ID as NOISE_PROTOCOL_ID
 from libp2p.security.noise.transport import Transport as NoiseTransport
@@ -140,6 +150,7 @@ if TYPE_CHECKING:
 __all__ = [
     "LIBP2P_VERSION",
     "GossipTuning",
+    "NatTuning",
     "P2PConfig",
     "P2PNetwork",
     "configure_libp2p_logging",
@@ -201,18 +212,37 @@ class GossipTuning:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class NatTuning:
+    """Reaching and being reached from behind NAT: AutoNAT, circuit relay v2, DCUtR."""
+
+    enabled: bool = True
+    relay_service: bool = True  # relay for peers behind NAT (circuit v2 hop)
+    check_interval: float = 30.0  # seconds between AutoNAT rounds (sooner on new peers)
+    servers: int = 4  # peers asked to dial us back per round
+    confirmations: int = 2  # agreeing verdicts before the reachability flips
+    dial_back_timeout: float = 5.0
+    relays: int = 2  # reservations a node behind NAT keeps
+    # What one relay gives the peers behind NAT it serves (0.8.1's defaults: 1 h, 1 GiB).
+    circuit_duration: int = 3600
+    circuit_bytes: int = 1 << 30
+    max_circuits: int = 64
+    max_reservations: int = 64
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class P2PConfig:
     """How a node joins the libp2p network."""
 
     listen_addrs: tuple[str, ...] = ("/ip4/127.0.0.1/tcp/0",)
     bootstrap: tuple[str, ...] = ()  # multiaddrs ending in /p2p/<peer id>
-    enable_dht: bool = False
+    enable_dht: bool = True
     enable_mdns: bool = False  # binds every interface: opt-in only
     max_message_size: int = 256 * 1024  # one gossip message (one bundle item)
     dial_timeout: float = 10.0
     close_timeout: float = 5.0
     log_level: int = logging.WARNING
     gossip: GossipTuning = field(default_factory=GossipTuning)
+    nat: NatTuning = field(default_factory=NatTuning)
 
 
 def configure_libp2p_logging(level: int = logging.WARNING) -> None:
@@ -352,6 +382,19 @@ def _peer(peer_id: ID) -> PeerId:
     return PeerId(peer_id.to_base58())
 
 
+def _dht_key(key: str) -> str:
+    """A provider-record key as libp2p takes it: the hex of a sha2-256 multihash."""
+    return "1220" + hashlib.sha256(key.encode()).hexdigest()
+
+
+def _without_peer(addr: multiaddr.Multiaddr) -> str:
+    with contextlib.suppress(Exception):
+        peer = addr.value_for_protocol("p2p")
+        if peer:
+            return str(addr.decapsulate(multiaddr.Multiaddr(f"/p2p/{peer}")))
+    return str(addr)
+
+
 @dataclass(slots=True)
 class _Outgoing:
     topic: str
@@ -397,6 +440,289 @@ class _Libp2pStream:
             await self._stream.close()
 
 
+def _is_relayed(conn: INetConn) -> bool:
+    return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses())
+
+
+def _ip(addr: multiaddr.Multiaddr) -> str | None:
+    for proto in ("ip4", "ip6"):
+        with contextlib.suppress(Exception):
+            value = addr.value_for_protocol(proto)
+            if value:
+                return str(value)
+    return None
+
+
+def _tcp_target(addr: multiaddr.Multiaddr) -> tuple[str, int] | None:
+    ip = _ip(addr)
+    with contextlib.suppress(Exception):
+        port = addr.value_for_protocol("tcp")
+        if ip is not None and port:
+            return ip, int(port)
+    return None
+
+
+class _DialBackAutoNAT(AutoNATService):
+    """AutoNAT (v1) whose dial-back is a fresh TCP connection.
+
+    0.8.1's server dials back with ``host.connect``, which returns at once when the asking
+    peer is connected, and it always is: it asked over that connection. So every address
+    that passes the observed-IP check was reported reachable, from behind NAT too. A
+    reachable address accepts a new TCP connection; one behind NAT drops it unanswered.
+    Pinned by ``test_autonat_dial_back_opens_a_new_connection``.
+    """
+
+    def __init__(self, host: BasicHost, *, confirmations: int, timeout: float) -> None:
+        super().__init__(host, serve=True, confirmations=confirmations)
+        self._timeout = timeout
+
+    async def _try_dial(self, peer_id: ID, addrs: list[bytes]) -> bytes | None:
+        for raw in addrs:
+            with contextlib.suppress(Exception):
+                target = _tcp_target(multiaddr.Multiaddr(raw))
+                if target is None:
+                    continue
+                with trio.move_on_after(self._timeout):
+                    stream = await trio.open_tcp_stream(*target)
+                    await stream.aclose()
+                    return bytes(raw)
+        return None
+
+
+class _NoCircuitTable(dict[ID, Any]):
+    """Stays empty: see :class:`_CircuitRelay`."""
+
+    def __setitem__(self, key: ID, value: Any) -> None:  # noqa: ANN401 - libp2p's streams
+        return None
+
+
+class _CircuitRelay(CircuitV2Protocol):
+    """Circuit relay v2 whose circuits end one at a time.
+
+    0.8.1 keeps its live circuits in a table keyed by peer id, and each relay direction,
+    when it ends, closes the two streams the table holds for its peer: those of whichever
+    circuit of that peer was registered last. So one circuit ending (a dialer that got a
+    direct connection, say) cut every other circuit to or from the same peer. Here the
+    table stays empty and each direction closes its own circuit's two streams. Pinned by
+    ``test_one_circuit_ending_leaves_the_others_to_the_same_peer``.
+    """
+
+    def __init__(self, host: BasicHost, *, limits: RelayLimits, allow_hop: bool) -> None:
+        super().__init__(host, limits=limits, allow_hop=allow_hop)
+        self._active_relays = _NoCircuitTable()
+
+    async def _relay_data(
+        self,
+        src_stream: INetStream,
+        dst_stream: INetStream,
+        peer_id: ID,
+        deadline: float | None = None,
+        circuit_data_limit: list[int] | None = None,
+    ) -> None:
+        try:
+            await super()._relay_data(src_stream, dst_stream, peer_id, deadline, circuit_data_limit)
+        finally:
+            await self._close_stream(src_stream)
+            await self._close_stream(dst_stream)
+
+
+class _InboundDCUtR(DCUtRProtocol):
+    """DCUtR started only by the side that accepted the relayed connection.
+
+    The DCUtR spec has the inbound side (B, behind NAT) try a direct dial first and start
+    the protocol if that fails. 0.8.1's loop starts it from both sides at once: the two
+    sessions dial the same addresses from the same listen port, the second's dials fail
+    with EADDRNOTAVAIL, and the timing the hole punch needs is lost (1 in 8 punches
+    between two NATs failed so, in ``tests/node/test_netns_p2p.py``).
+    """
+
+    async def initiate_hole_punch(self, peer_id: ID) -> bool:
+        swarm: Any = self.host.get_network()
+        accepted = [
+            c
+            for c in swarm.get_connections(peer_id)
+            if not c.is_closed and _is_relayed(c) and not c.muxed_conn.is_initiator
+        ]
+        if not accepted:
+            return False
+        return await super().initiate_hole_punch(peer_id)
+
+
+class _Nat:
+    """Reachability and the ways around NAT, all from libp2p 0.8.1's own parts.
+
+    - AutoNAT: every ``check_interval`` (and when new peers connect) up to ``servers``
+      directly connected peers are asked to dial us back; ``confirmations`` agreeing
+      verdicts make us PUBLIC or PRIVATE.
+    - Circuit relay v2: every node accepts relayed connections (stop) and, unless
+      ``relay_service`` is off, relays for others (hop). A PRIVATE node, or one that no
+      peer could dial back yet (:attr:`unreached`: one verdict is all a node behind NAT
+      with a single public peer ever gets), keeps reservations on up to ``relays`` relays
+      and advertises ``<relay>/p2p-circuit/p2p/<us>`` first (:meth:`circuit_addrs`); a
+      PRIVATE node's DHT turns client-only, since nobody can dial it. A
+      relay is a peer seen at an address it listens on (so not behind NAT itself),
+      bootstrap peers first.
+    - DCUtR: its own loop upgrades every relayed connection to a direct one, by a direct
+      dial when the other side is reachable, by TCP simultaneous open through both NATs
+      otherwise; the relayed connection is closed a minute after.
+    """
+
+    def __init__(self, host: BasicHost, tuning: NatTuning, bootstrap: tuple[str, ...]) -> None:
+        self.host = host
+        self.tuning = tuning
+        limits = RelayLimits(
+            duration=tuning.circuit_duration,
+            data=tuning.circuit_bytes,
+            max_circuit_conns=tuning.max_circuits,
+            max_reservations=tuning.max_reservations,
+        )
+        self.protocol = _CircuitRelay(host, limits=limits, allow_hop=tuning.relay_service)
+        roles = RelayRole.STOP | RelayRole.CLIENT
+        if tuning.relay_service:
+            roles |= RelayRole.HOP
+        self.transport = CircuitV2Transport(
+            host, self.protocol, RelayConfig(roles=roles, limits=limits)
+        )
+        self.dcutr = _InboundDCUtR(host)
+        self.autonat = _DialBackAutoNAT(
+            host, confirmations=tuning.confirmations, timeout=tuning.dial_back_timeout
+        )
+        self.relays: dict[ID, str] = {}  # relay -> its address, where we hold a reservation
+        self._bootstrap = [_bootstrap_id(a) for a in bootstrap]
+        self._nursery: trio.Nursery | None = None  # reservations refresh in it
+
+    @property
+    def private(self) -> bool:
+        return self.autonat.get_status() == AutoNATStatus.PRIVATE
+
+    @property
+    def unreached(self) -> bool:
+        """Every peer that tried to dial us back failed, too few yet for a verdict: a node
+        behind NAT whose only direct peer is its bootstrap node stays here for good."""
+        results = self.autonat.dial_results
+        return bool(results) and not any(results.values())
+
+    @property
+    def reachability(self) -> str:
+        return {AutoNATStatus.PUBLIC: "public", AutoNATStatus.PRIVATE: "private"}.get(
+            self.autonat.get_status(), "unknown"
+        )
+
+    def circuit_addrs(self) -> list[str]:
+        me = self.host.get_id()
+        return [f"{addr}/p2p/{relay}/p2p-circuit/p2p/{me}" for relay, addr in self.relays.items()]
+
+    def _direct(self, peer: ID) -> list[INetConn]:
+        swarm: Any = self.host.get_network()
+        return [c for c in swarm.get_connections(peer) if not c.is_closed and not _is_relayed(c)]
+
+    def relay_address(self, peer: ID) -> str | None:
+        """Where ``peer`` listens, if we see it there directly (it is not behind NAT)."""
+        seen = {_ip(a) for c in self._direct(peer) for a in c.get_transport_addresses()}
+        try:
+            stored = self.host.get_peerstore().addrs(peer)
+        except PeerStoreError:  # an inbound peer that told us nothing yet
+            return None
+        for addr in stored:
+            target = _tcp_target(addr)
+            if target is not None and target[0] in seen and "/p2p-circuit" not in str(addr):
+                return f"/ip4/{target[0]}/tcp/{target[1]}"
+        return None
+
+    def relay_candidates(self) -> list[tuple[ID, str]]:
+        swarm: Any = self.host.get_network()
+        peers = sorted(swarm.connections, key=lambda p: p not in self._bootstrap)
+        found = []
+        for peer in peers:
+            addr = self.relay_address(peer)
+            if addr is not None:
+                found.append((peer, addr))
+        return found
+
+    async def run(self, changed: Callable[[], trio.Event]) -> None:
+        """Check reachability and keep reservations while the node runs."""
+        async with trio.open_nursery() as nursery:
+            self._nursery = nursery
+            while True:
+                wake = changed()
+                try:
+                    await self._check()
+                except Exception:
+                    # Top of one round: a libp2p surprise costs this round, not the node.
+                    logger.exception("reachability check failed; trying again later")
+                with trio.move_on_after(self.tuning.check_interval):
+                    await wake.wait()
+                    await trio.sleep(0.5)  # a burst of connections: one round after it
+
+    async def _check(self) -> None:
+        swarm: Any = self.host.get_network()
+        for relay in [r for r in self.relays if not self._direct(r)]:
+            logger.info("relay %s is gone; its reservation with it", relay)
+            del self.relays[relay]
+        asked = set(self.autonat.dial_results)
+        servers = [p for p in swarm.connections if self._direct(p) and p not in asked]
+        if servers:
+            before = self.reachability
+            await self.autonat.check_reachability(servers[: self.tuning.servers])
+            if self.reachability != before:
+                logger.info("AutoNAT: this node is %s", self.reachability)
+        if self.private or self.unreached:  # a relay slot costs little; unreachable costs all
+            await self._reserve()
+
+    async def _reserve(self) -> None:
+        for relay, addr in self.relay_candidates():
+            if len(self.relays) >= self.tuning.relays:
+                return
+            if relay in self.relays:
+                continue
+            assert self._nursery is not None
+            try:
+                with trio.fail_after(self.tuning.dial_back_timeout * 2):
+                    stream = await self.host.new_stream(relay, [HOP_PROTOCOL_ID])
+                    reserved = await self.transport.reserve(stream, relay, self._nursery)
+            except (BaseLibp2pError, trio.TooSlowError, OSError) as exc:
+                logger.info("no reservation with %s: %s", relay, exc)
+                continue
+            if reserved:
+                self.relays[relay] = addr
+                logger.info("reserved a relay slot with %s at %s", relay, addr)
+
+
+def _bootstrap_id(addr: str) -> ID | None:
+    with contextlib.suppress(Exception):
+        return info_from_p2p_addr(multiaddr.Multiaddr(addr)).peer_id
+    return None
+
+
+class _ConnectionEvents(INotifee):
+    """Wakes whoever waits when any connection opens or closes (libp2p's notifee hook)."""
+
+    def __init__(self) -> None:
+        self.changed = trio.Event()
+
+    def _touch(self) -> None:
+        self.changed.set()
+        self.changed = trio.Event()
+
+    async def connected(self, network: INetwork, conn: INetConn) -> None:
+        self._touch()
+
+    async def disconnected(self, network: INetwork, conn: INetConn) -> None:
+        self._touch()
+
+    async def opened_stream(self, network: INetwork, stream: INetStream) -> None:
+        return None
+
+    async def closed_stream(self, network: INetwork, stream: INetStream) -> None:
+        return None
+
+    async def listen(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None:
+        return None
+
+    async def listen_close(self, network: INetwork, multiaddr: multiaddr.Multiaddr) -> None:
+        return None
+
+
 class P2PNetwork:
     """A running libp2p node; obtained from :func:`serve_network`."""
 
@@ -409,12 +735,16 @@ class P2PNetwork:
         router: GossipSub,
         scorer: _VerdictScorer,
         dht: KadDHT | None,
+        nat: _Nat | None,
     ) -> None:
         self.config = config
         self.host = host
         self.pubsub = pubsub
         self.router = router
         self.dht = dht
+        self.nat = nat
+        self._events = _ConnectionEvents()
+        host.get_network().register_notifee(self._events)
         self._scorer = scorer
         self._peer_id = key.peer_id
         self._own_id = host.get_id()
@@ -422,6 +752,10 @@ class P2PNetwork:
         self._nursery: trio.Nursery | None = None
         self._handlers: dict[ProtocolId, StreamHandler] = {}
         self._subscribed: set[str] = set()
+        # Where each peer was last reached (connect), newest first: libp2p's peerstore
+        # forgets a peer's addresses once its connection is gone, so open_stream to a peer
+        # that restarted (or was cut off a while) found "no known addresses".
+        self._reached: dict[ID, list[str]] = {}
         # Accepted items of each bundle, keyed by libp2p message id, between the
         # validator (which decides) and the delivery task (which hands them over).
         self._accepted: dict[tuple[bytes, bytes], list[bytes]] = {}
@@ -449,7 +783,25 @@ class P2PNetwork:
 
     @property
     def listen_addrs(self) -> list[str]:
-        return [str(a) for a in self.host.get_addrs()]
+        """Where to dial us: behind NAT, through our relays first."""
+        direct = [str(a) for a in self.host.get_addrs()]
+        if self.nat is None:
+            return direct
+        return self.nat.circuit_addrs() + direct  # none unless we hold reservations
+
+    @property
+    def reachability(self) -> str:
+        """What AutoNAT found: ``public``, ``private`` (behind NAT) or ``unknown``."""
+        return "unknown" if self.nat is None else self.nat.reachability
+
+    def connection_kinds(self, peer: PeerId) -> set[str]:
+        """``direct`` and/or ``relayed``: how we are connected to ``peer`` now."""
+        swarm: Any = self.host.get_network()
+        conns = [c for c in swarm.get_connections(ID.from_base58(peer)) if not c.is_closed]
+        return {"relayed" if _is_relayed(c) else "direct" for c in conns}
+
+    async def wait_peers_changed(self) -> None:
+        await self._events.changed.wait()
 
     def offered_security(self) -> tuple[str, ...]:
         """Security protocols this host negotiates, in preference order."""
@@ -492,7 +844,15 @@ class P2PNetwork:
             map_exceptions(_DIAL_ERRORS, f"dial {addr}"),
             trio.fail_after(self.config.dial_timeout),
         ):
-            if not self._has_live_connection(info.peer_id):
+            circuit = "/p2p-circuit" in addr
+            if circuit and not self._has_live_connection(info.peer_id):
+                if self.nat is None:
+                    raise LocalNetworkError(
+                        NetReason.BAD_ADDRESS, f"{addr}: relayed dials need NAT traversal on"
+                    )
+                # The swarm never dials /p2p-circuit addresses; the relay transport does.
+                await self.nat.transport.dial(multiaddr.Multiaddr(addr))
+            elif not self._has_live_connection(info.peer_id):
                 # Redial. BasicHost.connect returns early while the swarm still lists a
                 # closed connection; the swarm refuses a peer for 60 s after a failed
                 # dial; and it dials only the first stored TCP address (a stale one).
@@ -501,12 +861,82 @@ class P2PNetwork:
                     await swarm.close_peer(info.peer_id)
                 swarm.unblock_peer(info.peer_id)
                 self.host.get_peerstore().clear_addrs(info.peer_id)
-            await self.host.connect(info)
+                await self.host.connect(info)
         if not self._has_live_connection(info.peer_id):
             raise DialError(NetReason.UNREACHABLE, f"dial {addr}: no connection came up")
+        known = self._reached.setdefault(info.peer_id, [])
+        if addr in known:
+            known.remove(addr)
+        known.insert(0, addr)
+        del known[4:]
         if self.dht is not None:
-            await self.dht.add_peer(info.peer_id)
+            with contextlib.suppress(BaseLibp2pError, OSError):
+                await self.dht.add_peer(info.peer_id)
         return _peer(info.peer_id)
+
+    # -- discovery: DHT provider records ---------------------------------------------------
+
+    def _dialable(self, peer: ID, addrs: list[multiaddr.Multiaddr]) -> list[str]:
+        """Addresses to try for ``peer``: its direct ones, then through relays we know."""
+        direct = [f"{_without_peer(a)}/p2p/{peer}" for a in addrs if "/p2p-circuit" not in str(a)]
+        relayed = []
+        if self.nat is not None:
+            relayed = [
+                f"{addr}/p2p/{relay}/p2p-circuit/p2p/{peer}"
+                for relay, addr in self.nat.relay_candidates()[:3]
+                if relay != peer
+            ]
+        return direct + relayed
+
+    async def _redial(self, peer: ID) -> None:
+        """Dial a peer we have no connection to: where it was last reached, else where the
+        DHT says it is (a peer only heard of through gossip has no address here yet), and
+        last through our relays (a peer behind NAT holds a slot on the public ones)."""
+        candidates = list(self._reached.get(peer, ()))
+        if not candidates and self.dht is not None:
+            with trio.move_on_after(self.config.dial_timeout):
+                info = await self.dht.find_peer(peer)
+                if info is not None:
+                    candidates = self._dialable(peer, list(info.addrs))
+        candidates += [a for a in self._dialable(peer, []) if a not in candidates]
+        for addr in candidates:
+            with contextlib.suppress(DialError, LocalNetworkError):
+                await self.connect(addr)
+                return
+
+    async def _tend_dht(self, dht: KadDHT) -> None:
+        """Put every connected peer in the routing table (0.8.1 adds only those we dial
+        through it), and turn client-only once AutoNAT says nobody can dial us."""
+        known: set[ID] = set()
+        while True:
+            changed = self._events.changed
+            swarm: Any = self.host.get_network()
+            for peer in set(swarm.connections) - known:
+                with contextlib.suppress(BaseLibp2pError, OSError):
+                    await dht.add_peer(peer)
+            known = set(swarm.connections)
+            if self.nat is not None and self.nat.private and dht.mode == DHTMode.SERVER:
+                await dht.switch_mode(DHTMode.CLIENT)
+            with trio.move_on_after(self.config.nat.check_interval):
+                await changed.wait()
+
+    async def provide(self, key: str) -> None:
+        if self.dht is None:
+            return
+        with trio.move_on_after(self.config.dial_timeout * 3):
+            await self.dht.provide(_dht_key(key))
+
+    async def find_providers(self, key: str, limit: int = 20) -> dict[PeerId, list[str]]:
+        if self.dht is None:
+            return {}
+        with trio.move_on_after(self.config.dial_timeout * 3):
+            infos = await self.dht.find_providers(_dht_key(key), limit)
+            found: dict[PeerId, list[str]] = {}
+            for info in infos:
+                if info.peer_id != self._own_id:
+                    found[_peer(info.peer_id)] = self._dialable(info.peer_id, info.addrs)
+            return found
+        return {}
 
     # -- gossip ---------------------------------------------------------------------------
 
@@ -678,6 +1108,8 @@ class P2PNetwork:
             peer_id = ID.from_base58(peer)
         except (ValueError, TypeError) as exc:
             raise LocalNetworkError(NetReason.BAD_ADDRESS, f"{peer!r} is not a peer id") from exc
+        if not self._has_live_connection(peer_id):
+            await self._redial(peer_id)
         with (
             map_exceptions(_DIAL_ERRORS, f"open {protocol_id} to {peer}"),
             trio.fail_after(self.config.dial_timeout),
@@ -708,11 +1140,12 @@ class P2PNetwork:
 
 
 @contextlib.asynccontextmanager
-async def _maybe_service(service: KadDHT | None) -> AsyncIterator[None]:
-    if service is None:
-        yield
-        return
-    async with background_trio_service(service):
+async def _services(*services: Any) -> AsyncIterator[None]:  # noqa: ANN401 - libp2p Services
+    """Run each libp2p ``Service`` that is not None for the duration of the block."""
+    async with contextlib.AsyncExitStack() as stack:
+        for service in services:
+            if service is not None:
+                await stack.enter_async_context(background_trio_service(service))
         yield
 
 
@@ -750,22 +1183,28 @@ async def serve_network(
     router.scorer = scorer
     pubsub = Pubsub(host, router, strict_signing=True)
     dht = KadDHT(host, DHTMode.SERVER) if config.enable_dht else None
-    net = P2PNetwork(key, config, host, pubsub, router, scorer, dht)
+    nat = _Nat(host, config.nat, config.bootstrap) if config.nat.enabled else None
+    net = P2PNetwork(key, config, host, pubsub, router, scorer, dht, nat)
     listen = [multiaddr.Multiaddr(a) for a in config.listen_addrs]
     started = time.monotonic()
     with map_exceptions({OSError: (LocalNetworkError, NetReason.BAD_ADDRESS)}, "listen"):
         async with host.run(listen):
             try:
-                async with (
-                    background_trio_service(pubsub),
-                    background_trio_service(router),
-                    _maybe_service(dht),
+                async with _services(
+                    pubsub,
+                    router,
+                    dht,
+                    *((nat.protocol, nat.dcutr) if nat is not None else ()),
                 ):
                     await pubsub.wait_until_ready()
                     async with trio.open_nursery() as nursery:
                         net._nursery = nursery
                         net._running = True
                         nursery.start_soon(net._publisher)
+                        if nat is not None:
+                            nursery.start_soon(nat.run, lambda: net._events.changed)
+                        if dht is not None:
+                            nursery.start_soon(net._tend_dht, dht)
                         for addr in config.bootstrap:
                             try:
                                 await net.connect(addr)

@@ -219,6 +219,23 @@ class Network(Protocol):
     def peers(self) -> frozenset[PeerId]:
         """Peers with a live connection now."""
 
+    async def wait_peers_changed(self) -> None:
+        """Return once a connection opened or closed since the call (compare :meth:`peers`).
+
+        Bound it with ``trio.fail_after`` or ``move_on_after``; it waits for ever otherwise.
+        """
+
+    async def provide(self, key: str) -> None:
+        """Announce that this node serves ``key`` (a provider record in the DHT).
+
+        Records expire and a node that announced before it had peers reached nobody:
+        announce again from time to time. Never raises for an unreachable network.
+        """
+
+    async def find_providers(self, key: str, limit: int = 20) -> dict[PeerId, list[str]]:
+        """Other nodes that announced ``key``, each with addresses to :meth:`connect` to
+        in order (direct ones first, then through relays); empty when none are known."""
+
     async def subscribe(
         self, topic: str, validator: Validator
     ) -> trio.MemoryReceiveChannel[Gossip]:
@@ -252,7 +269,8 @@ class Network(Protocol):
         taken by the subscriber); for /metrics."""
 
     async def open_stream(self, peer: PeerId, protocol_id: ProtocolId) -> Stream:
-        """Open a stream to ``peer`` speaking ``protocol_id``.
+        """Open a stream to ``peer`` speaking ``protocol_id``; with no connection left, the
+        peer is dialled again where it was last reached.
 
         Raises DialError if the peer is unreachable or does not serve the protocol.
         """

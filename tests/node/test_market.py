@@ -44,6 +44,9 @@ from node.api import views
 from node.clock import Timings
 from node.net.wire import OFFERS_TOPIC
 from node.peer import Conflict, PeerError
+from node.storage.home import NodeConfig, init_home
+from node.storage.image import import_image
+from node.storage.store import BlobStore
 from protocol.envelope import Signed, domain_of, open_signed, seal
 from protocol.errors import Reason
 from protocol.identity import PrivateKey
@@ -510,3 +513,70 @@ async def test_a_buyer_checks_a_providers_work_score_and_stops_trading_with_a_li
         job_id = (await submit(buyer, c.image, "true"))["id"]
         why = views.why(buyer.peer.why(job_id))
         assert why["ruled_out"]["reputation"] == 1
+
+
+# -- restarts: staying in touch (issue 17, D2) ------------------------------------------------
+
+
+def offer_ids(node: Node, *, of: Node | None = None) -> set[str]:
+    """The live offers in ``node``'s book (only those ``of`` signed)."""
+    m = node.peer.market
+    return {
+        o.order.id.hex()
+        for o in m.trader.book.live_offers(m.now_ms())
+        if of is None or o.order.signer.peer_id == of.peer_id
+    }
+
+
+async def connected(node: Node, other: Node, *, wanted: bool = True) -> None:
+    """Wait until ``node`` has (or, not ``wanted``, has no) connection to ``other``."""
+    with trio.fail_after(node.bound):
+        while (other.peer_id in node.peer.net.peers()) != wanted:
+            await node.peer.net.wait_peers_changed()
+
+
+async def test_a_restarted_bootstrap_provider_is_found_again_without_its_old_offer(
+    image_layout: Path,
+) -> None:
+    """Stop (as a crash would) and restart the provider a buyer bootstraps from: the buyer
+    dials it again by itself, they greet each other again, the provider's new offer replaces
+    the old one in the buyer's book (the restarted provider cancels what it offered before),
+    and a new job runs on it. Before: nobody redialled, and the stale offer stayed until it
+    expired (issue 17 D2)."""
+    async with cluster(image_layout) as c:
+        provider_home = c.home("provider", price=PRICE)
+        provider = await c.start(provider_home)
+        [first_offer] = offer_ids(provider)
+        buyer_home = init_home(c.root / "buyer", NodeConfig(bootstrap=(provider.addr,)))
+        c.image = import_image(BlobStore(buyer_home.store_root), c.image_layout).manifest
+        buyer = await c.start(buyer_home)
+        await until(lambda: offer_ids(buyer) == {first_offer}, buyer)
+
+        await provider.stop()
+        await connected(buyer, provider, wanted=False)
+        provider = await c.start(provider_home)  # no bootstrap of its own: it waits to be found
+        [second_offer] = offer_ids(provider, of=provider)
+        assert second_offer != first_offer
+
+        await connected(provider, buyer)
+        await until(lambda: offer_ids(buyer) == {second_offer}, buyer)
+        job_id = (await submit(buyer, c.image, "echo again"))["id"]
+        done = await finished(buyer, job_id)
+        assert done["state"] == "succeeded", "\n".join(events(buyer, job_id))
+        assert done["provider"] == provider.peer_id
+
+
+async def test_a_peer_that_connects_is_greeted_both_ways_and_takes_our_book(
+    image_layout: Path,
+) -> None:
+    """A connection is greeted by both ends, not only by the one that dialled: the node that
+    was dialled takes the dialler's book too and learns where it is."""
+    async with cluster(image_layout) as c:
+        provider = await c.provider("provider")
+        buyer = await c.buyer("buyer")
+        await submit(buyer, c.image, "true", price=10_000_000)  # too cheap: its bid rests
+        assert buyer.peer_id not in provider.peer.net.peers()
+        await provider.peer.net.connect(buyer.addr)  # a bare connection: nobody joined
+        await until(lambda: market(provider)["bids"] == 1, provider)
+        await until(lambda: market(buyer)["offers"] == 1, buyer)
+        assert buyer.peer.market.addresses == {provider.peer_id: provider.addr}

@@ -18,8 +18,9 @@ from executor_support import searchable_dir
 
 from node.api.client import ApiClient
 from node.storage.image import host_arch
-from node.testnet import Testnet
-from node.workload import SCENARIOS, JobPlan
+from node.testnet import Conditions, Testnet
+from node.testnet.wan import Impairment
+from node.workload import SCENARIOS, WORKLOAD, JobPlan
 
 pytestmark = pytest.mark.integration
 
@@ -186,3 +187,54 @@ def test_buyer_killed_and_restarted_loses_nothing(testnet: Testnet) -> None:
     testnet.launch(node)
     assert node.api().ledger()["entries"] == [entry]
     assert node.api().logs(job_id)["stdout"] == ""
+
+
+def test_netns_testnet_behind_nat_through_loss_churn_and_a_partition_loses_nothing(
+    root: Path,
+) -> None:
+    """Issue 11's contract, with a partition besides: every node in its own namespace on an
+    emulated WAN (50 ms, 1% loss), a provider and both buyers behind NAT (reachable only
+    through a relay or a hole punched), a node killed and restarted, the nodes cut in two
+    for 5 s. Every job settles as planned, all of them the NAT'd buyers', and every receipt
+    is in both ledgers."""
+    conditions = Conditions(
+        netns=True,
+        impairment=Impairment(latency_s=0.05, loss=0.01),
+        nat=3,
+        churn=0.2,
+        partition_s=5.0,
+        seed=1,
+    )
+    with Testnet(2, 2, work=root, tpm=False, conditions=conditions) as net:
+        net.start()
+        verdict = net.run(timeout_s=120)
+        behind = [n.name for n in net.nodes if n.nat]
+    assert verdict.problems == []
+    assert behind == ["prov-us", "buyer-a", "buyer-b"]
+    assert sorted(e["event"] for e in net.events) == ["heal", "kill", "partition", "restart"]
+    succeeded = {v["plan"] for v in verdict.jobs if v["state"] == "succeeded"}
+    assert succeeded == {p.name for p in WORKLOAD if p.expect == "succeeded" and p.trust == "none"}
+
+
+def test_a_bootstrap_provider_killed_and_restarted_is_reached_again(root: Path) -> None:
+    """Issue 17 D2: kill -9 of the provider the buyer bootstrapped from, then a restart on
+    its home. Both see each other again (the buyer redials its bootstrap peer), the buyer's
+    book holds the restarted provider's new offer and not the old one, and a new job runs
+    on it. Before: peers stayed empty on both sides and new jobs waited."""
+    with Testnet(1, 1, work=root, tpm=False) as net:
+        net.start()
+        [provider], [buyer] = net.providers, net.buyers
+        before = provider.api().node_info()["offer"]["id"]
+        net.kill(provider)
+        eventually(lambda: not buyer.api().peers())
+        net.launch(provider)
+        after = provider.api().node_info()["offer"]["id"]
+        assert after != before
+
+        eventually(lambda: [p["peer_id"] for p in buyer.api().peers()] == [provider.peer_id])
+        eventually(lambda: [p["peer_id"] for p in provider.api().peers()] == [buyer.peer_id])
+        eventually(lambda: buyer.api().market()["offers"] == 1)
+        job_id = net.submit(JobPlan("again", 0, "echo again > /out/again", "succeeded"))
+        done = wait_for(buyer.api(), job_id, lambda e: e["state"] in ("succeeded", "failed"))
+        assert done["state"] == "succeeded"
+        assert buyer.api().job(job_id)["provider"] == provider.peer_id
