@@ -119,6 +119,7 @@ class Buyer:
         self._arrived: dict[bytes, list[Match]] = {}
         self._followed: dict[bytes, trio.Event] = {}  # agreement id -> job over
         self.vault = Vault()  # the jobs' registry logins and S3 keys, in memory only
+        self.distrusted: set[bytes] = set()  # providers whose work score a check refuted
 
     @property
     def db(self) -> Database:
@@ -634,6 +635,8 @@ class Buyer:
         again, and let the bids that waited for want of it try it now (spec/peer.md 10)."""
         trader = self.buying.trader
         if trader.reputation.get(provider, 0) >= 0:  # a score, not our verdict: keep it
+            return
+        if provider in self.distrusted:  # it lied about its work score: no fault forgives that
             return
         del trader.reputation[provider]
         now = self.market.now_ms()

@@ -95,6 +95,7 @@ async def check_score(
         honest, detail = True, f"stated {offer.work_score}, measured {measured}: within tolerance"
     if not honest:
         market.trader.reputation[key] = -1  # not again, with this buyer
+        buyer.distrusted.add(key)
     return ScoreCheck(
         provider=provider,
         job_id=job.id,
