@@ -65,6 +65,18 @@ class FaultyNetwork:
     def peers(self) -> frozenset[PeerId]:
         return self.inner.peers()
 
+    async def wait_peers_changed(self) -> None:
+        await self.inner.wait_peers_changed()
+
+    async def provide(self, key: str) -> None:
+        await self.inner.provide(key)
+
+    async def find_providers(self, key: str, limit: int = 20) -> dict[PeerId, list[str]]:
+        return await self.inner.find_providers(key, limit)
+
+    def queue_depths(self) -> dict[str, int]:
+        return self.inner.queue_depths()
+
     async def subscribe(
         self, topic: str, validator: Validator
     ) -> trio.MemoryReceiveChannel[Gossip]:
