@@ -102,6 +102,9 @@ RUNNING_STATES = frozenset({"agreed", "transferring", "running"})  # a provider 
 # job again), nor ``settled`` (the receipt is recorded, then the job's end state follows).
 FINAL_STATES = frozenset({"succeeded", "failed", "timed-out", "cancelled", "error"})
 _RETRY = frozenset({ExitReason.PREEMPTED, ExitReason.PROVIDER_FAULT})
+# A provider abandoned for silence is proposed to again after this long even if its fault
+# receipt never arrives (a restarted node behind NAT may not reach us): spec/peer.md rule 10.
+ABANDON_COOL_OFF_S = 60.0
 
 
 class Buyer:
@@ -518,8 +521,12 @@ class Buyer:
                 return
 
     async def _provider_lost(self, agreement: Agreement, why: str) -> None:
+        if self.buying.jobs[agreement.id].state in ENDED:
+            return  # its end came meanwhile (the provider's own fault report, a receipt)
         self.buying.abandon(agreement.id)
         self.buying.trader.reputation[agreement.terms.provider] = -1  # not again, with this buyer
+        if self._nursery is not None:  # ... for a while: its fault receipt may never reach us
+            self._nursery.start_soon(self._forgive_later, agreement.terms.provider)
         self.db.set_agreement_state(agreement.id, JobState.PROVIDER_FAULT.value)
         self._followed[agreement.id].set()
         row = self.db.agreement(agreement.id)
@@ -629,6 +636,10 @@ class Buyer:
         ):
             await self._bid_again(job_id, receipt.checkpoint)
         return countersigned.to_wire()
+
+    async def _forgive_later(self, provider: bytes) -> None:
+        await trio.sleep(ABANDON_COOL_OFF_S)
+        self._forgive(provider)
 
     def _forgive(self, provider: bytes) -> None:
         """A provider we abandoned admitted the fault (a crash, a restart): propose to it
