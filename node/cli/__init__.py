@@ -6,6 +6,7 @@ this module only assembles them, so a new group is one import and one list entry
 
 from __future__ import annotations
 
+import argparse
 import importlib.metadata
 import logging
 import os
@@ -59,6 +60,17 @@ _GROUPS: tuple[Any, ...] = (
 )
 
 
+_EXIT_STATUS = """\
+exit status (a command's own --help says more):
+  0    done
+  1    the node refused the request; it says why on stderr
+  2    a malformed command line, or input cx cannot use
+  125  no node running for the home (cx run and cx wait: also anything else that kept
+       cx from submitting or following the job, as docker run; their other statuses are
+       the job's, see `cx run --help`)
+  141  the reader of the output went away (`cx jobs | head -2`)
+"""
+
 EXIT_BROKEN_PIPE = 141  # 128 + SIGPIPE, what a shell reports for a reader that went away
 
 
@@ -66,6 +78,8 @@ def build_parser() -> CxParser:
     parser = CxParser(
         prog="cx",
         description="Compute Exchange: a peer-to-peer market for compute.",
+        epilog=_EXIT_STATUS,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("-v", "--verbose", action="store_true", help="log debug detail")
     parser.add_argument("--version", action="version", version=f"cx {version()}")

@@ -39,7 +39,9 @@ __all__ = [
 ]
 
 EXIT_REFUSED = 1
-EXIT_NO_NODE = 3
+# One status for "no node running" in every command: docker run's 125 (cx could not do
+# its part), since cx run and cx wait pass a job's own small exit codes through.
+EXIT_NO_NODE = 125
 
 
 def add_common(parser: argparse.ArgumentParser, *, json_help: str | None = None) -> None:

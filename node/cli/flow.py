@@ -42,6 +42,7 @@ from typing import Any
 from node.api.client import ApiClient, ClientError
 from node.api.common import ApiError
 from node.cli.common import (
+    EXIT_NO_NODE,
     add_common,
     client,
     cpu,
@@ -75,7 +76,6 @@ __all__ = ["register"]
 Json = dict[str, Any]
 EXIT_FAILED = 1
 EXIT_INPUT = 2
-EXIT_NO_NODE = 3
 _WAIT_S = 1.0  # long-poll on one running job; the others are checked when it returns
 _PARSERS: dict[str, Any] = {
     "cpu": cpu,

@@ -24,6 +24,7 @@ import trio
 from node.api.client import ApiClient, ClientError
 from node.api.common import ApiError
 from node.cli.common import (
+    EXIT_NO_NODE,
     add_common,
     client,
     cpu,
@@ -59,7 +60,7 @@ from protocol.messages import Resources
 __all__ = ["Unusable", "exit_status", "register", "request_image"]
 
 EXIT_NEVER_RAN = 2
-EXIT_CX = 125
+EXIT_CX = EXIT_NO_NODE  # and every other failure of cx's own, as docker run
 _POLL_S = 30.0
 _HINT_S = 5.0
 _UNMATCHED = ("waiting", "negotiating")

@@ -362,15 +362,18 @@ async def test_no_node_running_says_how_to_start_one(tmp_path, capsys):
     # Not even initialised: say so first (not "no image in .../store"), with the --home given.
     uninitialised = f"{home} is not a node's home yet; make one with `cx init --home {home}`"
     code, _, err = await cx("jobs")
-    assert (code, err) == (3, f"cx jobs: {uninitialised}\n")
+    assert (code, err) == (125, f"cx jobs: {uninitialised}\n")
     code, _, err = await cx("run", "--max-price", "1", "busybox", "true")
     assert (code, err) == (125, f"cx run: {uninitialised}\n")
 
     home.mkdir()
     (home / "config.toml").write_text("")
     expected = f"no node is running for home {home}; start one with `cx node --home {home}`"
-    code, _, err = await cx("jobs")
-    assert (code, err) == (3, f"cx jobs: {expected}\n")
+    # One exit status for "no node running", whatever the command (before: 3, and 125 for
+    # cx run and cx wait).
+    for command in (["jobs"], ["wait", "abc"], ["market"], ["status"], ["offers"]):
+        code, _, err = await cx(*command)
+        assert (code, err) == (125, f"cx {command[0]}: {expected}\n")
 
     # A stale api.json: the node is gone and its port refuses.
     with socket.socket() as s:
@@ -378,7 +381,7 @@ async def test_no_node_running_says_how_to_start_one(tmp_path, capsys):
         port = s.getsockname()[1]
     write_api_info(home, f"http://127.0.0.1:{port}", TOKEN)
     code, _, err = await cx("peers")
-    assert (code, err) == (3, f"cx peers: {expected}\n")
+    assert (code, err) == (125, f"cx peers: {expected}\n")
     with pytest.raises(NodeNotRunning):
         ApiClient.from_home(tmp_path / "elsewhere")
 
