@@ -1,10 +1,11 @@
-"""What a node's config.toml may hold: every section and key, its type and range. A
-misspelt key, a value of the wrong type or out of range is a problem named on one line
-(``[provider] cpu_mili: unknown key; did you mean cpu_milli?``), all of them at once, before
-the node starts; a provider selling more than this host has is warned about.
+"""What a node's config.toml may hold: every table and key, its type, range and whether it
+is required. One schema with two callers: the node at start-up (node/storage/home.py refuses
+to start on any problem) and ``cx config check`` (node/storage/config_check.py, which adds
+the checks that need the filesystem).
 
-Pure checks over the parsed TOML document; node/storage/home.py turns problems into a
-HomeError.
+A misspelt key, a value of the wrong type or out of range is a :class:`Problem` named on one
+line (``[provider] cpu_mili: unknown key; did you mean cpu_milli?``), all of them at once; a
+provider selling more than this host has is warned about (:func:`host_shortfall`).
 """
 
 from __future__ import annotations
@@ -12,23 +13,38 @@ from __future__ import annotations
 import difflib
 import os
 from collections.abc import Callable, Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, TypeAlias
 
 from protocol.messages import Arch, Resources
+from protocol.pricing import PRICE_FIELDS, Policy
 from protocol.units import cores, size
 
-__all__ = ["config_problems", "host_shortfall"]
+__all__ = ["Problem", "config_problems", "host_shortfall"]
 
 Check = Callable[[Any], str | None]  # None: fine; else what is wrong
+Table: TypeAlias = "Mapping[str, Check | Table]"  # a key's check, or a sub-table's keys
 
 
-def _int(low: int, high: int | None = None) -> Check:
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Problem:
+    """One thing wrong: ``where`` is ``[table] key`` (or the file), ``why`` one sentence."""
+
+    where: str
+    why: str
+
+    def __str__(self) -> str:
+        return f"{self.where}: {self.why}"
+
+
+def _int(low: int = 0, high: int | None = None) -> Check:
     def check(v: Any) -> str | None:  # noqa: ANN401 - any TOML value
+        # bool is an int in Python, not in TOML: true is no port number.
         if isinstance(v, bool) or not isinstance(v, int):
             return f"must be a whole number, not {v!r}"
-        if v < low or (high is not None and v > high):
-            return f"{v} is outside {low}..{high}" if high is not None else f"must be >= {low}"
-        return None
+        if high is not None and not low <= v <= high:
+            return f"{v} is outside {low}..{high}"
+        return f"must be at least {low}, not {v}" if v < low else None
 
     return check
 
@@ -46,9 +62,11 @@ def _strings(v: Any) -> str | None:  # noqa: ANN401 - any TOML value
     return None if ok else f"must be a list of strings, not {v!r}"
 
 
-def _arch(v: Any) -> str | None:  # noqa: ANN401 - any TOML value
-    names = [a.value for a in Arch]
-    return None if v in names else f"must be one of {', '.join(names)}, not {v!r}"
+def _one_of(*names: str) -> Check:
+    def check(v: Any) -> str | None:  # noqa: ANN401 - any TOML value
+        return None if v in names else f"{v!r} is not one of {', '.join(names)}"
+
+    return check
 
 
 def _url(v: Any) -> str | None:  # noqa: ANN401 - any TOML value
@@ -56,90 +74,87 @@ def _url(v: Any) -> str | None:  # noqa: ANN401 - any TOML value
     return None if ok else f"must be an http(s):// URL, not {v!r}"
 
 
-def _table(keys: dict[str, Check] | None) -> Check:
-    """A sub-table; with ``keys``, its keys checked as a section's are (first problem)."""
-
-    def check(v: Any) -> str | None:  # noqa: ANN401 - any TOML value
-        if not isinstance(v, dict):
-            return f"must be a table, not {v!r}"
-        if keys is None:
-            return None
-        for key, value in v.items():
-            if key not in keys:
-                return _unknown(key, "", list(keys)).replace("section", "key")
-            if (wrong := keys[key](value)) is not None:
-                return f"{key}: {wrong}"
-        return None
-
-    return check
-
-
-_MONEY = _int(0)
-# section -> key -> (check, required)
-_SCHEMA: dict[str, dict[str, tuple[Check, bool]]] = {
+_MONEY = _int(0)  # micro-credits
+_PRICE_RULE: Table = {  # how one price moves (protocol/pricing.py)
+    "policy": _one_of(*(p.value for p in Policy)),
+    "price": _MONEY,
+    "floor": _MONEY,
+    "ceiling": _MONEY,
+    "undercut_ppm": _int(0, 1_000_000),
+}
+SCHEMA: Table = {
     "network": {
-        "listen": (_strings, False),
-        "bootstrap": (_strings, False),
-        "dht": (_bool, False),
-        "mdns": (_bool, False),
-        "api_port": (_int(0, 65535), False),
+        "listen": _strings,
+        "bootstrap": _strings,
+        "dht": _bool,
+        "mdns": _bool,
+        "api_port": _int(0, 65535),
     },
-    "buyer": {"ek_roots": (_strings, False)},
+    "buyer": {"ek_roots": _strings},
     "provider": {
-        "cpu_milli": (_int(1), True),
-        "memory_bytes": (_int(1), True),
-        "disk_bytes": (_int(0), False),
-        "cpu_core_hour": (_MONEY, True),
-        "memory_gib_hour": (_MONEY, False),
-        "disk_gib_hour": (_MONEY, False),
-        "gpu_hour": (_MONEY, False),
-        "arch": (_arch, False),
-        "region": (_str, False),
-        "tpm": (_bool, False),
-        "tcti": (_str, False),
-        "offer_ttl_ms": (_int(1), False),
-        "max_share_ppm": (_int(0, 1_000_000), False),
-        "benchmark": (_bool, False),
-        "gpu_shares": (_int(0, 64), False),
-        "pricing": (_table(None), False),  # its keys: node/storage/home.py _parse_pricing
-        "cost": (
-            _table({"watts": _int(0), "kwh_price": _MONEY, "depreciation_per_hour": _MONEY}),
-            False,
-        ),
+        "cpu_milli": _int(1),
+        "memory_bytes": _int(1),
+        "disk_bytes": _int(0),
+        "cpu_core_hour": _MONEY,
+        "memory_gib_hour": _MONEY,
+        "disk_gib_hour": _MONEY,
+        "gpu_hour": _MONEY,
+        "arch": _one_of(*(a.value for a in Arch)),
+        "region": _str,
+        "tpm": _bool,
+        "tcti": _str,
+        "offer_ttl_ms": _int(1),
+        "max_share_ppm": _int(0, 1_000_000),
+        "benchmark": _bool,
+        "gpu_shares": _int(0, 64),
+        "pricing": {
+            "step_ppm": _int(0, 1_000_000),
+            "min_interval_ms": _int(0),
+            "window_ms": _int(1),
+            **{name: _PRICE_RULE for name, _ in PRICE_FIELDS},
+        },
+        "cost": {"watts": _int(0), "kwh_price": _MONEY, "depreciation_per_hour": _MONEY},
     },
-    "s3": {"endpoint": (_url, True), "region": (_str, False)},
-    "store": {"budget_bytes": (_int(0), False)},
+    "s3": {"endpoint": _url, "region": _str},
+    "store": {"budget_bytes": _int(0)},
+}
+# Keys a table must have when it is there at all (a node without [provider] only buys).
+REQUIRED: Mapping[str, tuple[str, ...]] = {
+    "provider": ("cpu_milli", "memory_bytes", "cpu_core_hour"),
+    "provider.cost": ("watts", "kwh_price"),
+    "s3": ("endpoint",),
 }
 
 
-def config_problems(doc: Mapping[str, Any]) -> list[str]:
-    """Every problem of a parsed config.toml, one line each; empty when it is usable."""
+def config_problems(doc: Mapping[str, Any]) -> list[Problem]:
+    """Every problem of a parsed config.toml; empty when the schema allows it."""
+    return _table("", doc, SCHEMA)
+
+
+def _table(name: str, table: Mapping[str, Any], known: Table) -> list[Problem]:
     problems = []
-    for name, section in doc.items():
-        if name not in _SCHEMA:
-            problems.append(_unknown(name, "", list(_SCHEMA)))
-            continue
-        if not isinstance(section, dict):
-            problems.append(f"[{name}]: must be a table")
-            continue
-        keys = _SCHEMA[name]
-        for key, value in section.items():
-            if key not in keys:
-                problems.append(_unknown(key, f"[{name}] ", list(keys)))
-            elif (wrong := keys[key][0](value)) is not None:
-                problems.append(f"[{name}] {key}: {wrong}")
-        problems += [
-            f"[{name}] {key}: missing"
-            for key, (_, required) in keys.items()
-            if required and key not in section
-        ]
+    for key, value in table.items():
+        path = f"{name}.{key}" if name else key
+        where = f"[{name}] {key}" if name else f"[{key}]"
+        rule = known.get(key)
+        if rule is None:
+            kind = "key" if name else "table"
+            guess = difflib.get_close_matches(key, list(known), n=1)
+            hint = f"did you mean {guess[0]}?" if guess else f"known: {', '.join(known)}"
+            problems.append(Problem(where=where, why=f"unknown {kind}; {hint}"))
+        elif isinstance(rule, Mapping):
+            if isinstance(value, dict):
+                problems += _table(path, value, rule)
+            else:
+                problems.append(Problem(where=where, why=f"must be a table, not {value!r}"))
+        elif (wrong := rule(value)) is not None:
+            problems.append(Problem(where=where, why=wrong))
+    problems += [
+        Problem(where=f"[{name}] {key}", why="missing; it is required")
+        for key in REQUIRED.get(name, ())
+        if key not in table
+    ]
     return problems
-
-
-def _unknown(key: str, where: str, known: list[str]) -> str:
-    close = difflib.get_close_matches(key, known, n=1, cutoff=0.6)
-    hint = f"; did you mean {close[0]}?" if close else f" (known: {', '.join(known)})"
-    return f"{where}{key}: unknown {'key' if where else 'section'}{hint}"
 
 
 def host_shortfall(capacity: Resources) -> list[str]:

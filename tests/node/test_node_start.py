@@ -115,16 +115,16 @@ def test_ports_another_program_holds_are_named_before_anything_starts(tmp_path):
     [
         (
             lambda t: t.replace("cpu_milli = 1000", "cpu_milli = -4000"),
-            ["[provider] cpu_milli: must be >= 1"],
+            ["[provider] cpu_milli: must be at least 1, not -4000"],
         ),
         (
             lambda t: t.replace("cpu_core_hour", "cpu_core_hr"),
             [
                 "[provider] cpu_core_hr: unknown key; did you mean cpu_core_hour?",
-                "[provider] cpu_core_hour: missing",
+                "[provider] cpu_core_hour: missing; it is required",
             ],
         ),
-        (lambda t: t + "\n[netwrk]\n", ["netwrk: unknown section; did you mean network?"]),
+        (lambda t: t + "\n[netwrk]\n", ["[netwrk]: unknown table; did you mean network?"]),
         (
             lambda t: t.replace("dht = false", 'dht = "no"'),
             ["[network] dht: must be true or false, not 'no'"],
