@@ -16,7 +16,6 @@ Pure: the same explanation of the same bid always reads the same.
 from __future__ import annotations
 
 from protocol.book import Explanation, Ranked
-from protocol.envelope import MessageId
 from protocol.messages import Bid, Prices, Resources
 from protocol.transfer import TransferCost
 from protocol.units import cores, credits, size
@@ -119,13 +118,11 @@ def _transfer(e: Explanation, bid: Bid) -> list[str]:
     ]
 
 
-def why_ranked(ranking: list[Ranked], chosen: MessageId | None) -> str:
-    """For a bid that states where its data lives: how the offer ``chosen`` compared with
-    those that ask less but cost more once the data is moved, or are over the budget.
-    Empty when moving the data changed nothing."""
-    if chosen is None:
-        return ""
-    won = next((r for r in ranking if r.offer.id == chosen), None)
+def why_ranked(ranking: list[Ranked], provider: str) -> str:
+    """For a bid that states where its data lives: how the offer of ``provider`` (a peer
+    id) it matched compared with those that asked less but cost more once the data is
+    moved, or were over the budget. Empty when that provider has no live offer."""
+    won = next((r for r in ranking if r.offer.signer.peer_id == provider), None)
     if won is None:
         return ""
     said = [
@@ -133,7 +130,7 @@ def why_ranked(ranking: list[Ranked], chosen: MessageId | None) -> str:
         f"{credits(won.total)} in all"
     ]
     for r in ranking:
-        if r.offer.id == chosen or r.quote >= won.quote:
+        if r is won or r.quote >= won.quote:
             continue
         who = f"{r.offer.signer.peer_id} (region {r.offer.payload.region or '-'})"
         if not r.within_budget:

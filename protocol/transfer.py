@@ -30,6 +30,7 @@ __all__ = [
     "GIB",
     "NO_TRANSFER",
     "TransferCost",
+    "held_in",
     "holds",
     "holds_filter",
     "transfer_cost",
@@ -77,7 +78,11 @@ def holds_filter(digests: Iterable[str]) -> bytes | None:
 
 def holds(offer: Offer, digest: str) -> bool:
     """Does ``offer`` say its provider holds ``digest``? (False positives: see above.)"""
-    table = offer.holds
+    return held_in(offer.holds, digest)
+
+
+def held_in(table: bytes | None, digest: str) -> bool:
+    """Is ``digest`` in ``table``, an offer's ``holds``?"""
     if not table:
         return False
     n = HOLD_PREFIX_BYTES
