@@ -103,7 +103,9 @@ def moving(t: TransferCost) -> str:
         for name, amount in (("ingress", t.ingress), ("egress", t.egress), ("outputs", t.outputs))
         if amount
     ]
-    held = f", {size(t.held_bytes)} held there already" if t.held_bytes else ""
+    held = f" ({size(t.held_bytes)} held there already)" if t.held_bytes else ""
+    if not t.total:
+        return f"moving {size(t.moved_bytes)}{held} costs nothing"
     detail = f" ({', '.join(parts)})" if parts else ""
     return f"moving {size(t.moved_bytes)}{held} costs {credits(t.total)} credits{detail}"
 

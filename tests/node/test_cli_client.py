@@ -311,6 +311,24 @@ async def test_run_follows_the_job_to_success_and_prints_its_stdout(node, cx, tm
     assert "at most 2.00 credits" in err.splitlines()[-1]
 
 
+async def test_run_states_where_the_data_lives(node, cx):
+    fake, _ = node
+    code, _, err = await cx(
+        "run", "-d", "--max-price", "1", "--data-region", "eu", "--data-size", "50Gi",
+        "--data-egress-price", "0.09", "--output-size", "1Gi", "--egress-budget", "2",
+        DIGEST, "true",
+    )  # fmt: skip
+    assert code == 0, err
+    request = fake.submitted[-1]
+    assert (request.data_region, request.data_bytes, request.data_egress_gib) == (
+        "eu", 50 << 30, 90_000
+    )  # fmt: skip
+    assert (request.output_bytes, request.egress_budget) == (1 << 30, 2_000_000)
+    code, _, err = await cx("run", "-d", "--max-price", "1", "--data-size", "1G", DIGEST, "true")
+    assert code != 0
+    assert "data_bytes needs data_region" in err
+
+
 async def test_run_json_prints_the_job(node, cx):
     # Before: cx run had no --json.
     fake, _ = node

@@ -147,7 +147,7 @@ def test_why_ranked_names_the_cheaper_offer_that_lost_on_transfer():
     assert [r.offer.id for r in ranking] == [ids[1], ids[0]]
     far_peer = ranking[1].offer.signer.peer_id
     assert why_ranked(ranking, m.offer.signer.peer_id) == (
-        "it asked 0.11 credits and moving 50 GiB costs 0.00 credits, 0.11 in all; "
+        "it asked 0.11 credits and moving 50 GiB costs nothing, 0.11 in all; "
         f"{far_peer} (region us) asked 0.09 but moving 50 GiB costs 4.50 credits "
         "(egress 4.50), 4.59 in all"
     )
