@@ -261,7 +261,7 @@ class Peer:
             return ""
         now = self.market.now_ms()
         return why_ranked(
-            trader.book.ranking(bid, now_ms=now, reputation=trader.reputation), provider
+            trader.book.ranking(bid, now_ms=now, reputation=trader.reputation), provider, bid
         )
 
     async def logs(self, job_id: str) -> dict[str, str]:

@@ -470,17 +470,17 @@ class OrderBook:
         for offer in self.live_offers(now_ms):
             failed = {name for name, check in CONSTRAINTS if not check(bid, offer, reputation)}
             if failed <= {"capacity", "transfer"}:
-                out.append((_rank(bid, offer), offer))
-        out.sort(key=lambda pair: pair[0])
-        return [
-            Ranked(
-                offer=offer.order,
-                quote=quote(offer.offer.prices, bid.resources, bid.job.wall_ms),
-                transfer=transfer_cost(bid, offer.offer),
-                within_budget=within_budget(bid, offer.offer),
-            )
-            for _, offer in out
-        ]
+                ranked = Ranked(
+                    offer=offer.order,
+                    quote=quote(offer.offer.prices, bid.resources, bid.job.wall_ms),
+                    transfer=transfer_cost(bid, offer.offer),
+                    within_budget="transfer" not in failed,
+                )
+                out.append(ranked)
+        return sorted(
+            out,
+            key=lambda r: (r.total, r.transfer.moved_bytes, r.offer.issued_ms, r.offer.id),
+        )
 
     def live_offers(self, now_ms: int) -> Iterator[RestingOffer]:
         return (o for o in self.offers.values() if o.order.expires_ms > now_ms)

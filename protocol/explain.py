@@ -20,7 +20,7 @@ from protocol.messages import Bid, Prices, Resources
 from protocol.transfer import TransferCost
 from protocol.units import cores, credits, size
 
-__all__ = ["moving", "why_not", "why_ranked"]
+__all__ = ["why_not", "why_ranked"]
 
 _PRICE_UNITS = (
     ("cpu_core_hour", "CPU", "core-hour", "cpu_milli"),
@@ -96,7 +96,7 @@ def _prices(e: Explanation, bid: Bid) -> list[str]:
     return out
 
 
-def moving(t: TransferCost) -> str:
+def _moving(t: TransferCost) -> str:
     """``t`` in words: "moving 2 GiB costs 0.40 credits (ingress 0.20, egress 0.20)"."""
     parts = [
         f"{name} {credits(amount)}"
@@ -115,20 +115,20 @@ def _transfer(e: Explanation, bid: Bid) -> list[str]:
     if not e.ruled_out.get("transfer") or least is None or bid.data is None:
         return []
     return [
-        f"{moving(least)} to the cheapest of them, over the egress budget of "
+        f"{_moving(least)} to the cheapest of them, over the egress budget of "
         f"{credits(bid.data.budget)} credits"
     ]
 
 
-def why_ranked(ranking: list[Ranked], provider: str) -> str:
-    """For a bid that states where its data lives: how the offer of ``provider`` (a peer
-    id) it matched compared with those that asked less but cost more once the data is
+def why_ranked(ranking: list[Ranked], provider: str, bid: Bid) -> str:
+    """For ``bid``, which states where its data lives: how the offer of ``provider`` (a
+    peer id) it matched compared with those that asked less but cost more once the data is
     moved, or were over the budget. Empty when that provider has no live offer."""
     won = next((r for r in ranking if r.offer.signer.peer_id == provider), None)
     if won is None:
         return ""
     said = [
-        f"it asked {credits(won.quote)} credits and {moving(won.transfer)}, "
+        f"it asked {credits(won.quote)} credits and {_moving(won.transfer)}, "
         f"{credits(won.total)} in all"
     ]
     for r in ranking:
@@ -137,11 +137,12 @@ def why_ranked(ranking: list[Ranked], provider: str) -> str:
         who = f"{r.offer.signer.peer_id} (region {r.offer.payload.region or '-'})"
         if not r.within_budget:
             said.append(
-                f"{who} asked {credits(r.quote)} but {moving(r.transfer)}, over the egress budget"
+                f"{who} asked {credits(r.quote)} but {_moving(r.transfer)}, over the egress "
+                f"budget of {credits(bid.data.budget if bid.data else None)} credits"
             )
         else:
             said.append(
-                f"{who} asked {credits(r.quote)} but {moving(r.transfer)}, "
+                f"{who} asked {credits(r.quote)} but {_moving(r.transfer)}, "
                 f"{credits(r.total)} in all"
             )
     return "; ".join(said)

@@ -146,7 +146,7 @@ def test_why_ranked_names_the_cheaper_offer_that_lost_on_transfer():
     ranking = book.ranking(b, now_ms=T0)
     assert [r.offer.id for r in ranking] == [ids[1], ids[0]]
     far_peer = ranking[1].offer.signer.peer_id
-    assert why_ranked(ranking, m.offer.signer.peer_id) == (
+    assert why_ranked(ranking, m.offer.signer.peer_id, b) == (
         "it asked 0.11 credits and moving 50 GiB costs nothing, 0.11 in all; "
         f"{far_peer} (region us) asked 0.09 but moving 50 GiB costs 4.50 credits "
         "(egress 4.50), 4.59 in all"
@@ -187,3 +187,15 @@ def test_the_match_is_the_least_total_of_every_fitting_offer(offers, size, budge
         return
     [m] = matches
     assert quote(m.prices, m.resources, HOUR_MS) + m.transfer.total == min(totals)
+
+
+def test_why_ranked_names_an_offer_over_the_budget():
+    far, near = far_and_near()
+    b = data_bid(50 * GIB, budget=1_000_000)
+    book, _, [m] = _match(b, far, near)
+    ranking = book.ranking(b, now_ms=T0)
+    assert [r.within_budget for r in ranking] == [True, False]
+    assert why_ranked(ranking, m.offer.signer.peer_id, b).endswith(
+        "(region us) asked 0.09 but moving 50 GiB costs 4.50 credits (egress 4.50), over "
+        "the egress budget of 1.00 credits"
+    )
