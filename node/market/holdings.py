@@ -1,6 +1,6 @@
-"""What a provider's offer says it holds (spec/matching.md, "Transfer cost"): the image
-manifests it holds whole and its large blobs, most recently used first, as the sorted
-prefix list of protocol/transfer.py; and the offer re-posted when that list changes.
+"""What a provider's offer says it holds (spec/matching.md, "Transfer cost"): the blobs of
+the images it holds whole, then its other large blobs, most recently used first, as the
+sorted prefix list of protocol/transfer.py; and the offer re-posted when that list changes.
 
 The store has no change events, so the list is recomputed once per re-post interval
 (spec/pricing.md's, 10 s: the same throttle as a price move) and the offer re-posted only
