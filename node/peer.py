@@ -55,7 +55,7 @@ from node.tpm import attestor as attestation
 from node.tpm import swtpm
 from protocol.book import Explanation
 from protocol.errors import InvalidMessage, ProtocolError
-from protocol.explain import why_not
+from protocol.explain import why_not, why_ranked
 from protocol.identity import PrivateKey
 from protocol.messages import Terms
 from protocol.negotiation import Agreement
@@ -234,6 +234,8 @@ class Peer:
             text = f"the job is {job.state}"
             if job.provider:
                 text += f"; it was matched with {job.provider}"
+                if ranked := self._why_ranked(job, job.provider):
+                    text += f": {ranked}"
             return Why(job=job, explanation=None, text=text)
         trader = self.market.trader
         bid = self.buyer.bid_of(job)
@@ -251,6 +253,16 @@ class Peer:
             else:
                 text += f", rising in {(rung.next_rise_ms - now) / 1000:.0f} s."
         return Why(job=job, explanation=e, text=text, rung=rung)
+
+    def _why_ranked(self, job: JobRow, provider: str) -> str:
+        """How moving the job's data ranked its provider (protocol/explain.py)."""
+        bid, trader = self.buyer.bid_of(job), self.market.trader
+        if bid.data is None:
+            return ""
+        now = self.market.now_ms()
+        return why_ranked(
+            trader.book.ranking(bid, now_ms=now, reputation=trader.reputation), provider, bid
+        )
 
     async def logs(self, job_id: str) -> dict[str, str]:
         """The job's stdout and stderr, as far as its receipt names them."""

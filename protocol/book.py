@@ -4,9 +4,11 @@ Rules:
 - Offers are divisible capacity; bids are indivisible jobs. A match reserves the bid's
   resources from the offer's remaining capacity, so the book never overcommits a provider.
   A released match (negotiation failed) gives the capacity back and the bid rests again.
-- Price-time priority. Against an incoming bid, the offer with the lowest quote for it wins;
-  against an incoming offer, the bid with the highest budget wins. Ties break by the signed
-  issue time, then by order id, so every node ranks the same book the same way.
+- Price-time priority. Against an incoming bid, the offer with the lowest quote plus the cost
+  of moving the bid's data there (protocol/transfer.py) wins, then the one that must bring
+  in fewer bytes; against an incoming offer, the bid with the highest budget wins. Ties
+  break by the signed issue time, then by order id, so every node ranks the same book the
+  same way.
 - A trade happens at the offer's unit prices, whichever order came first (the bid's limits
   are caps), and only if every unit price the bid pays is within the bid's limit. The
   agreement's cap is the quote at those prices.
@@ -31,9 +33,18 @@ from protocol.hardware import hardware_fits
 from protocol.messages import Bid, Offer, Prices, Resources, TrustLevel
 from protocol.offer_index import OfferIndex
 from protocol.settlement import quote, quote_by_cpu_price
+from protocol.transfer import NO_TRANSFER, TransferCost, transfer_cost, within_budget
 from protocol.work import work_fits
 
-__all__ = ["CONSTRAINTS", "Explanation", "Match", "OrderBook", "RestingBid", "RestingOffer"]
+__all__ = [
+    "CONSTRAINTS",
+    "Explanation",
+    "Match",
+    "OrderBook",
+    "Ranked",
+    "RestingBid",
+    "RestingOffer",
+]
 
 Reputation = Mapping[bytes, int]
 _F = TypeVar("_F", Resources, Prices)
@@ -69,6 +80,7 @@ class Match:
     prices: Prices
     resources: Resources
     max_cost: int
+    transfer: TransferCost = NO_TRANSFER  # moving the bid's data there (not billed)
 
     @property
     def buyer(self) -> bytes:
@@ -118,6 +130,7 @@ CONSTRAINTS: tuple[tuple[str, _Check], ...] = (
             and work_fits(o.offer, b.max_work_price)
         ),
     ),
+    ("transfer", lambda b, o, r: within_budget(b, o.offer)),
 )
 
 
@@ -155,6 +168,31 @@ class Explanation:
     # capacity and price, and the lowest unit price of any that passes all but price.
     largest_free: Resources | None = None
     cheapest: Prices | None = None
+    # The cheapest move of the bid's data among offers that fail only on its budget.
+    least_transfer: TransferCost | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Ranked:
+    """An offer as a bid's matching ranks it: its quote and the cost of moving the data."""
+
+    offer: Signed[Offer]
+    quote: int
+    transfer: TransferCost
+    within_budget: bool
+
+    @property
+    def total(self) -> int:
+        return self.quote + self.transfer.total
+
+
+_Rank = tuple[int, int, int, MessageId]  # (quote + transfer, bytes moved, iat, id)
+
+
+def _rank(bid: Bid, offer: RestingOffer) -> _Rank:
+    moving = transfer_cost(bid, offer.offer)
+    price = quote(offer.offer.prices, bid.resources, bid.job.wall_ms)
+    return (price + moving.total, moving.moved_bytes, offer.order.issued_ms, offer.order.id)
 
 
 @dataclass(slots=True)
@@ -260,7 +298,7 @@ class OrderBook:
         else:
             best = min(
                 (
-                    (quote(o.offer.prices, bid.resources, bid.job.wall_ms), o.order.issued_ms, k)
+                    _rank(bid, o)
                     for k in self._active_offers()
                     if k not in exclude
                     and (o := self.offers[k]).order.expires_ms > now_ms
@@ -270,19 +308,20 @@ class OrderBook:
             )
         if best is None:
             return []
-        return [self._fill(resting_bid, self.offers[best[2]])]
+        return [self._fill(resting_bid, self.offers[best[-1]])]
 
     def _cheapest(
         self, bid: Bid, now_ms: int, exclude: frozenset[MessageId], reputation: Reputation
-    ) -> tuple[int, int, MessageId] | None:
-        """The best (quote, issued_ms, id) of every offer that fits ``bid``, searched in
-        ascending CPU price until no offer left can pay less (protocol/offer_index.py)."""
+    ) -> _Rank | None:
+        """The best rank of every offer that fits ``bid``, searched in ascending CPU price
+        until no offer left can cost less (protocol/offer_index.py): moving data costs
+        nothing or more, so a quote above the best total cannot win."""
         floor = self._by_cpu_price.floor
         if floor is None:
             return None
         lowest_quote = quote_by_cpu_price(floor, bid.resources, bid.job.wall_ms)
         cpu_limit = bid.max_prices.cpu_core_hour
-        best: tuple[int, int, MessageId] | None = None
+        best: _Rank | None = None
         for cpu_price, key in self._by_cpu_price.ascending():
             if cpu_price > cpu_limit or (best is not None and lowest_quote(cpu_price) > best[0]):
                 break
@@ -290,8 +329,7 @@ class OrderBook:
             if key in exclude or offer.order.expires_ms <= now_ms:
                 continue
             if _fits(bid, offer, reputation):
-                price = quote(offer.offer.prices, bid.resources, bid.job.wall_ms)
-                candidate = (price, offer.order.issued_ms, MessageId(key))
+                candidate = _rank(bid, offer)
                 best = candidate if best is None else min(best, candidate)
         return best
 
@@ -338,6 +376,7 @@ class OrderBook:
             prices=prices,
             resources=need,
             max_cost=quote(prices, ceiling(need, bid.bid.elastic), bid.bid.job.wall_ms),
+            transfer=transfer_cost(bid.bid, offer.offer),
         )
 
     # -- removing orders -------------------------------------------------------------
@@ -390,6 +429,7 @@ class OrderBook:
         best: int | None = None
         largest: Resources | None = None
         cheapest: Prices | None = None
+        least_transfer: TransferCost | None = None
         live = list(self.live_offers(now_ms))
         for offer in live:
             failed = [name for name, check in CONSTRAINTS if not check(bid, offer, reputation)]
@@ -405,6 +445,10 @@ class OrderBook:
                 price = quote(offer.offer.prices, bid.resources, bid.job.wall_ms)
                 best = price if best is None else min(best, price)
                 cheapest = _fieldwise(min, cheapest, offer.offer.prices)
+            if failed == ["transfer"]:
+                moving = transfer_cost(bid, offer.offer)
+                if least_transfer is None or moving.total < least_transfer.total:
+                    least_transfer = moving
         return Explanation(
             offers=len(live),
             matching=matching,
@@ -414,6 +458,28 @@ class OrderBook:
             budget=_budget(bid),
             largest_free=largest,
             cheapest=cheapest,
+            least_transfer=least_transfer,
+        )
+
+    def ranking(
+        self, bid: Bid, *, now_ms: int, reputation: Reputation = _NO_REPUTATION
+    ) -> list[Ranked]:
+        """The live offers ``bid`` could trade on but for capacity (a matched bid holds
+        some) and its transfer budget, best first, as matching ranks them."""
+        out = []
+        for offer in self.live_offers(now_ms):
+            failed = {name for name, check in CONSTRAINTS if not check(bid, offer, reputation)}
+            if failed <= {"capacity", "transfer"}:
+                ranked = Ranked(
+                    offer=offer.order,
+                    quote=quote(offer.offer.prices, bid.resources, bid.job.wall_ms),
+                    transfer=transfer_cost(bid, offer.offer),
+                    within_budget="transfer" not in failed,
+                )
+                out.append(ranked)
+        return sorted(
+            out,
+            key=lambda r: (r.total, r.transfer.moved_bytes, r.offer.issued_ms, r.offer.id),
         )
 
     def live_offers(self, now_ms: int) -> Iterator[RestingOffer]:

@@ -7,16 +7,20 @@ Rules:
   cheapest unit price among offers that fit otherwise against the bid's limit. Totals
   (a quote for the whole wall-time) are never compared with unit limits.
 - Capacity names what is largest on offer where the bid asks for more.
+- Transfer names the cheapest move of the data against the bid's budget, and, for a bid
+  that matched, each offer that asked less but lost on the cost of moving the data
+  (:func:`why_ranked`), with the figures in credits.
 Pure: the same explanation of the same bid always reads the same.
 """
 
 from __future__ import annotations
 
-from protocol.book import Explanation
+from protocol.book import Explanation, Ranked
 from protocol.messages import Bid, Prices, Resources
+from protocol.transfer import TransferCost
 from protocol.units import cores, credits, size
 
-__all__ = ["why_not"]
+__all__ = ["why_not", "why_ranked"]
 
 _PRICE_UNITS = (
     ("cpu_core_hour", "CPU", "core-hour", "cpu_milli"),
@@ -33,7 +37,12 @@ def why_not(e: Explanation, bid: Bid) -> str:
     if e.matching:
         return f"{e.matching} of {e.offers} offers fit; negotiation is under way or they refused"
     counts = ", ".join(f"{name} rules out {n}" for name, n in e.ruled_out.items() if n)
-    advice = [*_everywhere(e, bid), *_capacity(e, bid.resources), *_prices(e, bid)]
+    advice = [
+        *_everywhere(e, bid),
+        *_capacity(e, bid.resources),
+        *_prices(e, bid),
+        *_transfer(e, bid),
+    ]
     if not advice:
         advice = ["no offer passes all of them together"]
     return f"none of {e.offers} offers fits ({counts}): {'; '.join(advice)}"
@@ -85,3 +94,55 @@ def _prices(e: Explanation, bid: Bid) -> list[str]:
                 f"your limit is {credits(limit)}"
             )
     return out
+
+
+def _moving(t: TransferCost) -> str:
+    """``t`` in words: "moving 2 GiB costs 0.40 credits (ingress 0.20, egress 0.20)"."""
+    parts = [
+        f"{name} {credits(amount)}"
+        for name, amount in (("ingress", t.ingress), ("egress", t.egress), ("outputs", t.outputs))
+        if amount
+    ]
+    held = f" ({size(t.held_bytes)} held there already)" if t.held_bytes else ""
+    if not t.total:
+        return f"moving {size(t.moved_bytes)}{held} costs nothing"
+    detail = f" ({', '.join(parts)})" if parts else ""
+    return f"moving {size(t.moved_bytes)}{held} costs {credits(t.total)} credits{detail}"
+
+
+def _transfer(e: Explanation, bid: Bid) -> list[str]:
+    least = e.least_transfer
+    if not e.ruled_out.get("transfer") or least is None or bid.data is None:
+        return []
+    return [
+        f"{_moving(least)} to the cheapest of them, over the egress budget of "
+        f"{credits(bid.data.budget)} credits"
+    ]
+
+
+def why_ranked(ranking: list[Ranked], provider: str, bid: Bid) -> str:
+    """For ``bid``, which states where its data lives: how the offer of ``provider`` (a
+    peer id) it matched compared with those that asked less but cost more once the data is
+    moved, or were over the budget. Empty when that provider has no live offer."""
+    won = next((r for r in ranking if r.offer.signer.peer_id == provider), None)
+    if won is None:
+        return ""
+    said = [
+        f"it asked {credits(won.quote)} credits and {_moving(won.transfer)}, "
+        f"{credits(won.total)} in all"
+    ]
+    for r in ranking:
+        if r is won or r.quote >= won.quote:
+            continue
+        who = f"{r.offer.signer.peer_id} (region {r.offer.payload.region or '-'})"
+        if not r.within_budget:
+            said.append(
+                f"{who} asked {credits(r.quote)} but {_moving(r.transfer)}, over the egress "
+                f"budget of {credits(bid.data.budget if bid.data else None)} credits"
+            )
+        else:
+            said.append(
+                f"{who} asked {credits(r.quote)} but {_moving(r.transfer)}, "
+                f"{credits(r.total)} in all"
+            )
+    return "; ".join(said)

@@ -20,14 +20,17 @@ ActivationAnswer (provider).
 from __future__ import annotations
 
 import enum
+import itertools
 import re
 from dataclasses import dataclass, field
 
 from protocol.schema import SignedInt
 
 __all__ = [
+    "HOLD_PREFIX_BYTES",
     "LOG_CAP_BYTES",
     "LOG_PATHS",
+    "MAX_HOLDS",
     "Accept",
     "ActivationAnswer",
     "ActivationChallenge",
@@ -37,6 +40,7 @@ __all__ = [
     "Checkpoint",
     "Constraints",
     "DataRef",
+    "DataSite",
     "Elastic",
     "Enrolment",
     "Evidence",
@@ -74,12 +78,25 @@ _OBJECT_URL = re.compile(r"(https?://[^/?#\s]+[^\s]*|s3://[a-z0-9][a-z0-9.-]{1,6
 _S3_PREFIX = re.compile(r"s3://[a-z0-9][a-z0-9.-]{1,62}/(?:[^\s]*/)?\Z")
 SECRET_NAMES = ("registry", "s3")
 SEAL_KEY_SIZE = 32
+HOLD_PREFIX_BYTES = 4  # an offer's ``holds``: digest prefixes of this many bytes
+MAX_HOLDS = 1024  # ... at most this many (4 KiB)
 
 
 def check_digest(value: str, what: str) -> None:
     """Raise ValueError unless ``value`` is a ``sha256:<64 lowercase hex>`` digest."""
     if not _DIGEST.match(value):
         raise ValueError(f"{what} {value!r} is not a sha256:<hex> digest")
+
+
+def check_holds(holds: bytes) -> None:
+    """Raise ValueError unless ``holds`` is at most ``MAX_HOLDS`` sorted, distinct
+    ``HOLD_PREFIX_BYTES``-byte prefixes, concatenated."""
+    n = HOLD_PREFIX_BYTES
+    if len(holds) % n or len(holds) > n * MAX_HOLDS:
+        raise ValueError(f"holds must be at most {MAX_HOLDS} prefixes of {n} bytes")
+    prefixes = [holds[i : i + n] for i in range(0, len(holds), n)]
+    if any(a >= b for a, b in itertools.pairwise(prefixes)):
+        raise ValueError("holds must list distinct prefixes in ascending order")
 
 
 class Arch(enum.StrEnum):
@@ -215,6 +232,20 @@ class DataRef:
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
+class DataSite:
+    """Where a bid's data lives (spec/matching.md, "Transfer cost"): its ``region``, its
+    size (``bytes``: the job's image and inputs together), what that region charges per GiB
+    sent out of it (``egress_gib``), the outputs expected back (``output_bytes``), and the
+    most moving it all may cost (``budget``, micro-credits; absent: no cap)."""
+
+    region: str
+    bytes: int
+    egress_gib: int = 0
+    output_bytes: int = 0
+    budget: int | None = None
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
 class Checkpoint:
     """Application-level checkpoint contract: on stop, ``signal``, ``grace_ms``, then kill;
     files under ``path`` become a checkpoint blob; ``resume_from`` restores one."""
@@ -303,8 +334,16 @@ class Offer:
     work_score: int | None = None  # work units per core-hour (protocol/work.py)
     watts: int | None = None  # drawn at full load, for work per kWh
     hardware: Hardware | None = None
+    # Per GiB the provider brings in for a job, and sends out of it (spec/matching.md,
+    # "Transfer cost"); absent: free.
+    ingress_gib: int | None = None
+    egress_gib: int | None = None
+    # The blobs it holds: sorted distinct 4-byte digest prefixes (protocol/transfer.py)
+    holds: bytes | None = None
 
     def __post_init__(self) -> None:
+        if self.holds is not None:
+            check_holds(self.holds)
         if self.capacity.gpus != len(self.gpus):
             raise ValueError("capacity.gpus must equal the number of gpus listed")
         if self.seal_key is not None and len(self.seal_key) != SEAL_KEY_SIZE:
@@ -321,6 +360,7 @@ class Bid:
     checkpoint: Checkpoint | None = None
     max_work_price: int | None = None  # micro-credits per work unit (protocol/work.py)
     elastic: Elastic | None = None
+    data: DataSite | None = None  # where its data lives: matching counts moving it
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)

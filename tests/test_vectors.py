@@ -132,6 +132,7 @@ def check_matching(case):
         [match] = matches
         assert match.offer.id == ids[case["match"]]
         assert match.max_cost == case["max_cost"]
+        assert match.transfer.total == case["transfer"]
 
 
 def check_settlement(case):

@@ -95,6 +95,9 @@ class OfferRowView(OfferView):
     gpus: list[str]
     disk_gib_hour: int
     gpu_hour: int
+    ingress_gib: int | None = None  # per GiB brought in for a job (spec/matching.md)
+    egress_gib: int | None = None  # per GiB of outputs sent out
+    holds: str | None = None  # hex: sorted 4-byte prefixes of the blobs it holds
     free_cpu_milli: int
     free_memory_bytes: int
     free_gpus: int
@@ -128,6 +131,9 @@ class WhyView(_View):
     limit: int | None  # the bid's budget
     largest_free: dict[str, int] | None = None
     cheapest: dict[str, int] | None = None
+    # Among offers over the bid's egress budget only: the cheapest move of its data
+    # (moved_bytes, held_bytes, cross_region, ingress, egress, outputs, total; micro-credits)
+    least_transfer: dict[str, int | bool] | None = None
     explanation: str
     deadline_limit: dict[str, int] | None = None  # with a deadline: the bid's limit now
     next_rise_ms: int | None = None  # and when it rises next (None: at its maximum)

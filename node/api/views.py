@@ -19,6 +19,7 @@ from protocol.identity import PublicKey
 from protocol.messages import Bid, Offer
 from protocol.settlement import LedgerEntry
 from protocol.tape import TradePrint, candles, resource_class
+from protocol.transfer import TransferCost
 from protocol.work import work_per_kwh, work_price
 
 __all__ = ["history", "job", "ledger", "market", "offer", "offers", "why"]
@@ -83,6 +84,9 @@ def offers(book: OrderBook, reputation: Mapping[bytes, int], me: bytes, now_ms: 
                 "gpus": [g.model for g in o.gpus],
                 "disk_gib_hour": o.prices.disk_gib_hour,
                 "gpu_hour": o.prices.gpu_hour,
+                "ingress_gib": o.ingress_gib,
+                "egress_gib": o.egress_gib,
+                "holds": o.holds.hex() if o.holds else None,
                 "free_cpu_milli": resting.remaining.cpu_milli,
                 "free_memory_bytes": resting.remaining.memory_bytes,
                 "free_gpus": resting.remaining.gpus,
@@ -106,10 +110,15 @@ def why(w: Why) -> Json:
         "limit": e.budget if e else None,
         "largest_free": dataclasses.asdict(e.largest_free) if e and e.largest_free else None,
         "cheapest": dataclasses.asdict(e.cheapest) if e and e.cheapest else None,
+        "least_transfer": _transfer(e.least_transfer) if e and e.least_transfer else None,
         "explanation": w.text,
         "deadline_limit": dataclasses.asdict(w.rung.limit) if w.rung else None,
         "next_rise_ms": w.rung.next_rise_ms if w.rung else None,
     }
+
+
+def _transfer(t: TransferCost) -> Json:
+    return {**dataclasses.asdict(t), "total": t.total}
 
 
 def market(

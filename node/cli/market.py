@@ -24,6 +24,8 @@ from node.cli.common import (
     table,
     talk,
 )
+from protocol.messages import check_digest
+from protocol.transfer import held_in
 from protocol.units import size
 
 __all__ = ["register", "render_market", "sparkline"]
@@ -115,6 +117,15 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
     )
     offers.add_argument(
         "--cpu", type=cpu, metavar="CORES", help="at least this much free CPU (0.5, 2, 500m)"
+    )
+    offers.add_argument(
+        "--holding",
+        action="append",
+        default=[],
+        type=_digest,
+        metavar="DIGEST",
+        help="show how many of these blobs (an image, an input) each provider says it "
+        "holds (repeatable)",
     )
     add_common(offers, json_help="print the offers as JSON (micro-credits)")
     offers.set_defaults(run=talk("cx offers", _offers))
@@ -268,17 +279,38 @@ def _offers(args: argparse.Namespace) -> int:
             credits(o["memory_gib_hour"]),
             credits(o["disk_gib_hour"]),
             credits(o["gpu_hour"]) if o["gpus"] else "-",
+            credits(o.get("ingress_gib")),
+            credits(o.get("egress_gib")),
             f"{o['free_cpu_milli'] / 1000:g}",
             size(o["free_memory_bytes"]),
             o["work_score"] or "-",
             o["reputation"],
+            *_held(o, args.holding),
         )
         for o in offers
     ]
     headers = ("PROVIDER", "REGION", "ARCH", "GPUS", "CPU/CORE-H", "MEM/GIB-H", "DISK/GIB-H",
-               "GPU/H", "FREE CPU", "FREE MEM", "WORK", "REPUTATION")  # fmt: skip
-    print(table(headers, rows, right=(4, 5, 6, 7, 8, 9, 10, 11)) if rows else "no offers")
+               "GPU/H", "IN/GIB", "OUT/GIB", "FREE CPU", "FREE MEM", "WORK", "REPUTATION",
+               *(["HOLDS"] if args.holding else []))  # fmt: skip
+    right = tuple(range(4, len(headers)))
+    print(table(headers, rows, right=right) if rows else "no offers")
     return 0
+
+
+def _digest(text: str) -> str:
+    try:
+        check_digest(text, "blob")
+    except ValueError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    return text
+
+
+def _held(offer: Json, digests: list[str]) -> list[str]:
+    """``k/n``: of the ``n`` digests asked about, the ``k`` the offer says it holds."""
+    if not digests:
+        return []
+    table = bytes.fromhex(offer["holds"]) if offer.get("holds") else None
+    return [f"{sum(held_in(table, d) for d in digests)}/{len(digests)}"]
 
 
 def _wanted(offer: Json, args: argparse.Namespace) -> bool:

@@ -36,6 +36,7 @@ from node.cli.common import (
     size_bytes,
     talk,
 )
+from node.cli.data_site import add_data_flags, data_fields
 from node.cli.estimate import (
     DEFAULT_DISK,
     DEFAULT_MEMORY,
@@ -243,6 +244,7 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         help="the least reputation the provider must have with this node, in parts per million"
         " of its trust (see `cx peers`); default 0: any provider",
     )
+    add_data_flags(p)
     job = p.add_argument_group("the job")
     job.add_argument(
         "--input",
@@ -431,6 +433,7 @@ def _request(args: argparse.Namespace) -> JobRequest:
         "provider": args.provider,
         "output_to": args.output_to,
         "credentials": _credentials(args.image, inputs, args.output_to),
+        **data_fields(args),
     }
     try:
         return build_request(**fields)

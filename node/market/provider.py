@@ -30,6 +30,7 @@ import trio
 from node.exec.executor import CapacityExceeded, JobResult
 from node.market.benchmark import measure_work_score
 from node.market.gossip import Market
+from node.market.holdings import follow_holdings, held_now
 from node.market.invitations import send_invitations
 from node.market.livelogs import CHUNK, answer_logs
 from node.market.repricing import asking_now, follow_prices
@@ -146,6 +147,7 @@ class Provider:
         self._pricing = config.effective_pricing()
         self._prices = config.prices  # asked now: the policies move them from here
         self._work_score: int | None = None  # measured at start when config.benchmark
+        self._holds: bytes | None = None  # the blobs the offer says it holds (holdings.py)
 
     @property
     def offer(self) -> Signed[Offer] | None:
@@ -169,7 +171,9 @@ class Provider:
             self.market.net.serve(LOGS, lambda raw: answer_logs(raw, self._live_log))
             if self._pricing.moves:
                 self._prices = self._asking()
+            self._holds = await trio.to_thread.run_sync(held_now, self.market.store)
             await self._post_offer()
+            nursery.start_soon(follow_holdings, self.market.store, lambda: self._holds, self._hold)
             nursery.start_soon(self._refresh_offer)
             nursery.start_soon(self._follow_prices)
             nursery.start_soon(self._deliver_loop)
@@ -191,7 +195,14 @@ class Provider:
             seal_key=self.seal.public,
             work_score=self._work_score,
             watts=c.cost.watts if c.cost else None,
+            ingress_gib=c.ingress_gib,
+            egress_gib=c.egress_gib,
+            holds=self._holds,
         )
+
+    async def _hold(self, holds: bytes | None) -> None:
+        self._holds = holds
+        await self._post_offer()
 
     async def _post_offer(self) -> None:
         """Post a fresh offer and cancel the ones before it."""

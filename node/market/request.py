@@ -41,6 +41,7 @@ from protocol.messages import (
     Checkpoint,
     Constraints,
     DataRef,
+    DataSite,
     HardwareRequirement,
     JobSpec,
     Prices,
@@ -288,6 +289,26 @@ class JobRequest(_Frozen):
     secrets: tuple[Literal["registry", "s3"], ...] | None = None
     # Never serialised: not stored with the job, not in any view (see node.market.remote).
     credentials: Secrets | None = Field(default=None, exclude=True)
+    # Where the job's data lives (spec/matching.md "Transfer cost"): its region, its size
+    # (unset: the image and inputs as this node knows them), what the region charges per
+    # GiB sent out, the outputs expected back, and the most moving it may cost (micro-
+    # credits). Matching then counts the cost of moving it to each provider.
+    data_region: Text | None = None
+    data_bytes: Count | None = None
+    data_egress_gib: Count = 0
+    output_bytes: Count = 0
+    egress_budget: Count | None = None
+
+    @model_validator(mode="after")
+    def _data_site(self) -> JobRequest:
+        stated = [
+            name
+            for name in ("data_bytes", "data_egress_gib", "output_bytes", "egress_budget")
+            if getattr(self, name)
+        ]
+        if stated and self.data_region is None:
+            raise ValueError(f"{stated[0]} needs data_region: the region the data lives in")
+        return self
 
     def to_json(self) -> str:
         return self.model_dump_json(exclude_none=True)
@@ -388,6 +409,7 @@ def resolve(request: JobRequest, store: BlobStore) -> JobRequest:
         raise RequestError(f"image {image} is not in this node's store; `cx image import` it")
     inputs = tuple(_stored(item, store) for item in request.inputs)
     resolved = request.model_copy(update={"image": image, "inputs": inputs})
+    resolved = resolved.model_copy(update={"data_bytes": _data_bytes(resolved, store)})
     bid_from_request(resolved)  # the bid must be one a provider can take
     return resolved
 
@@ -416,6 +438,28 @@ def _hardware(request: JobRequest) -> HardwareRequirement | None:
         cpu_flags=tuple(sorted(set(request.cpu_flags))) or None,
         min_kernel=request.min_kernel,
     )
+
+
+def _data_site(request: JobRequest, inputs: list[DataRef]) -> DataSite | None:
+    if request.data_region is None:
+        return None
+    return DataSite(
+        region=request.data_region,
+        bytes=sum(ref.size for ref in inputs) if request.data_bytes is None else request.data_bytes,
+        egress_gib=request.data_egress_gib,
+        output_bytes=request.output_bytes,
+        budget=request.egress_budget,
+    )
+
+
+def _data_bytes(request: JobRequest, store: BlobStore) -> int | None:
+    """The size the bid states for its data: as the request says, else its inputs and the
+    image's blobs in this node's store (a registry image is the provider's to pull)."""
+    if request.data_region is None or request.data_bytes is not None:
+        return request.data_bytes
+    image = store.refs().get(f"image/{request.image.removeprefix('sha256:')}", [])
+    held = [d for d in image if store.has(d)]
+    return sum(item.size or 0 for item in request.inputs) + sum(store.size(d) for d in held)
 
 
 def bid_from_request(request: JobRequest) -> Bid:
@@ -474,6 +518,7 @@ def bid_from_request(request: JobRequest) -> Bid:
                 Checkpoint(path=request.checkpoint_path) if request.checkpoint_path else None
             ),
             elastic=elastic_of(request.elastic_memory_bytes, request.elastic_cpu_milli),
+            data=_data_site(request, inputs),
         )
     except ValueError as exc:
         raise RequestError(f"bad job request: {exc}") from exc

@@ -99,6 +99,8 @@ SCHEMA: Table = {
         "memory_gib_hour": _MONEY,
         "disk_gib_hour": _MONEY,
         "gpu_hour": _MONEY,
+        "ingress_gib": _MONEY,  # per GiB brought in for a job (spec/matching.md)
+        "egress_gib": _MONEY,  # per GiB of a job's outputs sent out
         "arch": _one_of(*(a.value for a in Arch)),
         "region": _str,
         "tpm": _bool,

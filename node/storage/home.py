@@ -113,6 +113,10 @@ class ProviderConfig:
     gpu_shares: int = 0
     gpus: tuple[Gpu, ...] = ()
     hardware: Hardware | None = None  # detected at start: CPU model, flags, kernel
+    # Per GiB a job's data brings in and its outputs send out (spec/matching.md, "Transfer
+    # cost"); None: not stated in the offer (free).
+    ingress_gib: int | None = None
+    egress_gib: int | None = None
 
     def with_gpus(self, gpus: tuple[Gpu, ...]) -> ProviderConfig:
         """This config offering ``gpus`` (what detection found, as shares)."""
@@ -385,6 +389,8 @@ def _parse_provider(p: dict[str, Any]) -> ProviderConfig:
         max_share_ppm=int(p.get("max_share_ppm", 1_000_000)),
         benchmark=bool(p.get("benchmark", False)),
         gpu_shares=int(p.get("gpu_shares", 0)),
+        ingress_gib=int(p["ingress_gib"]) if "ingress_gib" in p else None,
+        egress_gib=int(p["egress_gib"]) if "egress_gib" in p else None,
         cost=MachineCost(**{k: int(v) for k, v in p["cost"].items()}) if "cost" in p else None,
     )
 
@@ -481,6 +487,8 @@ def _render(c: NodeConfig) -> str:
                     "memory_gib_hour": p.prices.memory_gib_hour,
                     "disk_gib_hour": p.prices.disk_gib_hour,
                     "gpu_hour": p.prices.gpu_hour,
+                    "ingress_gib": p.ingress_gib,
+                    "egress_gib": p.egress_gib,
                     "arch": p.arch.value,
                     "region": p.region,
                     "tpm": p.tpm,

@@ -225,6 +225,16 @@ class BlobStore:
         for p in self._blobs.iterdir():
             yield "sha256:" + p.name
 
+    def recently_used(self, *, min_bytes: int = 0) -> list[str]:
+        """Blobs of at least ``min_bytes``, most recently used first (the LRU clock)."""
+        found = []
+        for p in self._blobs.iterdir():
+            with contextlib.suppress(FileNotFoundError):
+                st = p.stat()
+                if st.st_size >= min_bytes:
+                    found.append((-st.st_atime_ns, p.name))
+        return ["sha256:" + name for _, name in sorted(found)]
+
     def delete(self, digest: str) -> None:
         with contextlib.suppress(FileNotFoundError):
             (self._blobs / _hex(digest)).unlink()

@@ -11,6 +11,7 @@ import dataclasses
 import hashlib
 import json
 import sys
+from collections.abc import Callable
 from dataclasses import replace
 from pathlib import Path
 
@@ -44,6 +45,7 @@ from protocol.messages import (
     Checkpoint,
     Constraints,
     DataRef,
+    DataSite,
     Enrolment,
     ExitReason,
     Grant,
@@ -74,6 +76,7 @@ from protocol.schema import SignedInt, to_value
 from protocol.secrets import encode_secrets, open_secrets
 from protocol.settlement import charge, cost
 from protocol.tape import Tape, TradePrint, sign_print
+from protocol.transfer import holds_filter
 from protocol.usage import Observation, classify
 from protocol.work import score_of, work_fits, work_per_kwh, work_price
 
@@ -450,6 +453,63 @@ def data_plane_messages(key: PrivateKey) -> list[dict[str, object]]:
     return cases
 
 
+def transfer_offer() -> Offer:
+    """An offer stating transfer prices and the blobs it holds (matching.md revision 6)."""
+    return dataclasses.replace(
+        sample_offer(),
+        ingress_gib=20_000,
+        egress_gib=50_000,
+        holds=holds_filter(["sha256:" + "ab" * 32, "sha256:" + "11" * 32]),
+    )
+
+
+def transfer_bid(**site: object) -> Bid:
+    """The sample bid with one 1 GiB input, its data in ``eu`` (or as ``site`` says)."""
+    data = {"region": "eu", "bytes": 3 * GIB, "egress_gib": 90_000, **site}
+    bid = sample_bid()
+    return dataclasses.replace(
+        bid,
+        job=dataclasses.replace(
+            bid.job, inputs=(DataRef(digest="sha256:" + "11" * 32, path="/in/data", size=GIB),)
+        ),
+        constraints=Constraints(arch=Arch.AMD64),
+        data=DataSite(**data),  # type: ignore[arg-type]
+    )
+
+
+def transfer_messages(key: PrivateKey) -> list[dict[str, object]]:
+    """Transfer prices, held blobs and where a bid's data lives (matching.md revision 6)."""
+    bid = transfer_bid(output_bytes=GIB // 2, budget=2_000_000)
+    cases = [
+        valid_message(key, "offer with transfer prices and held blobs", transfer_offer()),
+        valid_message(key, "bid stating where its data lives", bid),
+    ]
+    offer = to_value(transfer_offer())
+    held = offer["holds"]
+    assert isinstance(held, bytes)
+    data = to_value(bid)["data"]
+    assert isinstance(data, dict)
+    invalid = [
+        (
+            "held prefixes out of order",
+            resigned(key, "offer", {**offer, "holds": held[4:] + held[:4]}),
+        ),
+        ("held prefix of 3 bytes", resigned(key, "offer", {**offer, "holds": held[:3]})),
+        (
+            "data site without a region",
+            resigned(
+                key,
+                "bid",
+                {**to_value(bid), "data": {k: v for k, v in data.items() if k != "region"}},
+            ),
+        ),
+    ]
+    return cases + [
+        {"name": n, "valid": False, "wire": w.hex(), "error": reason_of(w, open_signed)}
+        for n, w in invalid
+    ]
+
+
 def sealed_secrets() -> None:
     provider, other = x25519("provider"), x25519("someone else")
     agreement = hashlib.sha256(b"agreement").digest()
@@ -580,6 +640,7 @@ def messages() -> None:
             Invitation(offer_id=hashlib.sha256(b"offer").digest(), bid_id=bytes(32)),
         )
     )
+    cases += transfer_messages(key)
     write("messages", "messages", "spec/messages.md#test-vectors", cases)
 
 
@@ -628,6 +689,7 @@ def matching() -> None:
             ),
         ),
     ]
+    scenarios += transfer_scenarios(offer_of)
     cases = []
     for name, offers, bid in scenarios:
         book = OrderBook()
@@ -663,12 +725,56 @@ def matching() -> None:
                 "bid": to_json(to_value(bid)),
                 "match": winner[0] if winner else None,
                 "max_cost": matches[0].max_cost if matches else None,
+                "transfer": matches[0].transfer.total if matches else None,
                 "ruled_out": why.ruled_out,
                 "best_quote": why.best_quote,
                 "budget": why.budget,
             }
         )
     write("matching", "matching", "spec/matching.md#test-vectors", cases)
+
+
+def transfer_scenarios(
+    offer_of: Callable[..., dict[str, object]],
+) -> list[tuple[str, list[dict[str, object]], Bid]]:
+    """Revision 6: the cost of moving a bid's data ranks offers and may rule them out."""
+    far = {"region": "us", "prices": Prices(cpu_core_hour=80_000, memory_gib_hour=10_000)}
+    near = {"region": "eu", "prices": Prices(cpu_core_hour=100_000, memory_gib_hour=10_000)}
+    return [
+        (
+            "a cheap far provider loses when the data is large",
+            [offer_of("far", T0, **far), offer_of("near", T0, **near)],
+            transfer_bid(bytes=50 * GIB),
+        ),
+        (
+            "a cheap far provider wins when the data is small",
+            [offer_of("far", T0, **far), offer_of("near", T0, **near)],
+            transfer_bid(bytes=10 << 20),
+        ),
+        (
+            "the provider holding the data wins though it asks more",
+            [
+                offer_of("holder", T0, **transfer_offer_changes(cpu_core_hour=140_000)),
+                offer_of("empty", T0, ingress_gib=20_000, region="eu"),
+            ],
+            transfer_bid(bytes=10 * GIB, output_bytes=GIB),
+        ),
+        (
+            "over the egress budget: no match",
+            [offer_of("far", T0, **far)],
+            transfer_bid(bytes=50 * GIB, budget=1_000_000),
+        ),
+    ]
+
+
+def transfer_offer_changes(cpu_core_hour: int) -> dict[str, object]:
+    offer = transfer_offer()
+    return {
+        "ingress_gib": offer.ingress_gib,
+        "egress_gib": offer.egress_gib,
+        "holds": offer.holds,
+        "prices": Prices(cpu_core_hour=cpu_core_hour, memory_gib_hour=10_000),
+    }
 
 
 def _untag(value: object) -> object:

@@ -260,7 +260,8 @@ class FakeController:
             {**base, "id": "aa" * 32, "provider": PEER_A, "cpu_core_hour": 900_000,
              "free_cpu_milli": 4000, "reputation": 250_000},
             {**base, "id": "bb" * 32, "provider": PEER_B, "cpu_core_hour": 1_500_000,
-             "free_cpu_milli": 500, "reputation": 0, "region": "us"},
+             "free_cpu_milli": 500, "reputation": 0, "region": "us", "ingress_gib": 20_000,
+             "egress_gib": 90_000, "holds": "cdcdcdcd"},
         ]  # fmt: skip
 
     def trades(self, since_ms: int) -> list[dict]:

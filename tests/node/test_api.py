@@ -396,6 +396,11 @@ def test_a_complete_request_round_trips_through_json():
         "name": "x",
         "output_to": "s3://bucket/out/",
         "credentials": {"s3": {"access_key": "AK", "secret_key": "SK"}},
+        "data_region": "eu",
+        "data_bytes": 50 << 30,
+        "data_egress_gib": 90_000,
+        "output_bytes": 1 << 30,
+        "egress_budget": 2_000_000,
     }
     request = parse_request(json.dumps(full))
     assert request.inputs[1] == Input(path="/in/b", digest=DIGEST, size=7)

@@ -197,10 +197,17 @@ async def test_offers_lists_every_offer_and_filters(node, cx):
     assert code == 0
     header, first, second = out.splitlines()
     assert header.split()[:5] == ["PROVIDER", "REGION", "ARCH", "GPUS", "CPU/CORE-H"]
+    assert header.split()[8:10] == ["IN/GIB", "OUT/GIB"]
     assert first.split()[1:] == [
-        "eu", "amd64", "-", "0.90", "0.10", "0.01", "-", "4", "4", "GiB", "900", "250000"
+        "eu", "amd64", "-", "0.90", "0.10", "0.01", "-", "-", "-", "4", "4", "GiB", "900",
+        "250000",
     ]  # fmt: skip
-    assert second.split()[1:5] == ["us", "amd64", "-", "1.50"]
+    assert second.split()[1:10] == ["us", "amd64", "-", "1.50", "0.10", "0.01", "-", "0.02", "0.09"]
+    code, out, _ = await cx("offers", "--holding", DIGEST, "--holding", "sha256:" + "ef" * 32)
+    assert [line.split()[-1] for line in out.splitlines()] == ["HOLDS", "0/2", "1/2"]
+    code, _, err = await cx("offers", "--holding", "cdcd")
+    assert code == 2
+    assert "is not a sha256:<hex> digest" in err
     code, out, _ = await cx("offers", "--region", "us", "--json")
     assert [o["provider"] for o in json.loads(out)] == [PEER_B]
     code, out, _ = await cx("offers", "--cpu", "1", "--max-price", "1")
@@ -302,6 +309,24 @@ async def test_run_follows_the_job_to_success_and_prints_its_stdout(node, cx, tm
     assert (out_dir / "out/count").read_bytes() == b"xx"
     assert err.splitlines()[-1].startswith("cx run: job ")
     assert "at most 2.00 credits" in err.splitlines()[-1]
+
+
+async def test_run_states_where_the_data_lives(node, cx):
+    fake, _ = node
+    code, _, err = await cx(
+        "run", "-d", "--max-price", "1", "--data-region", "eu", "--data-size", "50Gi",
+        "--data-egress-price", "0.09", "--output-size", "1Gi", "--egress-budget", "2",
+        DIGEST, "true",
+    )  # fmt: skip
+    assert code == 0, err
+    request = fake.submitted[-1]
+    assert (request.data_region, request.data_bytes, request.data_egress_gib) == (
+        "eu", 50 << 30, 90_000
+    )  # fmt: skip
+    assert (request.output_bytes, request.egress_budget) == (1 << 30, 2_000_000)
+    code, _, err = await cx("run", "-d", "--max-price", "1", "--data-size", "1G", DIGEST, "true")
+    assert code != 0
+    assert "data_bytes needs data_region" in err
 
 
 async def test_run_json_prints_the_job(node, cx):

@@ -36,6 +36,8 @@ tpm = false
 offer_ttl_ms = 600000
 max_share_ppm = 500000
 benchmark = true
+ingress_gib = 20000
+egress_gib = 90000
 
 [provider.pricing]
 step_ppm = 20000
@@ -74,6 +76,9 @@ def test_every_key_the_node_writes_is_known_to_the_checker(tmp_path: Path) -> No
     assert check_config(home) == []
     home.save_config(home.config())  # as the node writes it back
     assert check_config(home) == []
+    provider = home.config().provider
+    assert provider is not None
+    assert (provider.ingress_gib, provider.egress_gib) == (20_000, 90_000)
 
 
 CASES = [  # (text in EVERYTHING, what replaces it, a line the checker must say)
@@ -89,6 +94,7 @@ CASES = [  # (text in EVERYTHING, what replaces it, a line the checker must say)
     ("dht = true", 'dht = "yes"', "[network] dht: must be true or false, not 'yes'"),
     ('arch = "arm64"', 'arch = "x86"', "[provider] arch: 'x86' is not one of amd64, arm64"),
     ('policy = "market"', 'policy = "bid"', "[provider.pricing.cpu_core_hour] policy: 'bid' is"),
+    ("ingress_gib = 20000", "ingress_gib = -1", "[provider] ingress_gib: must be at least 0"),
     ("watts = 300", "watts = -3", "[provider.cost] watts: must be at least 0, not -3"),
     ("bootstrap = []", 'bootstrap = "/ip4/1.2.3.4"', "[network] bootstrap: must be a list of"),
     ("ek_roots = []", 'ek_roots = ["/nowhere/ca.pem"]', "ek_roots: /nowhere/ca.pem: no such file"),
