@@ -240,6 +240,8 @@ class Peer:
         now = self.market.now_ms()
         e = trader.book.explain(bid, now_ms=now, reputation=trader.reputation)
         text, rung = why_not(e, bid), self.buyer.rung(job)
+        if job.bid_id is not None and (held := self.buyer.quota_held(job.bid_id)):
+            text = f"{text.rstrip('.')}. Provider {held}."
         if rung is not None:
             limit = rung.limit.cpu_core_hour / 1e6
             text = (
