@@ -65,6 +65,7 @@ class NodeController:
             "provider": provider is not None,
             "offer": None if offer is None else views.offer(offer),
             "version": version("compute-exchange"),
+            "quotas": views.quotas(provider.quota_use() if provider is not None else ()),
         }
 
     def peers(self) -> list[Json]:

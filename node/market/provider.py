@@ -32,7 +32,7 @@ from node.market.benchmark import measure_work_score
 from node.market.gossip import Market
 from node.market.invitations import send_invitations
 from node.market.livelogs import CHUNK, answer_logs
-from node.market.quotas import feed_spend
+from node.market.quotas import feed_spend, group_uses
 from node.market.repricing import asking_now, follow_prices
 from node.market.secrets import SealKey, receive_secrets
 from node.market.stopping import answer_stop
@@ -79,7 +79,7 @@ from protocol.messages import (
     UsageReceipt,
 )
 from protocol.negotiation import Agreement, terms_hash
-from protocol.quotas import Quotas
+from protocol.quotas import GroupUse, Quota, Quotas
 from protocol.receipts import CountersignedReceipt
 from protocol.selling import Selling
 
@@ -503,6 +503,11 @@ class Provider:
         self.config = dataclasses.replace(self.config, quotas=quotas)
         self.selling.quotas = quotas
         self._invite()
+
+    def quota_use(self) -> list[tuple[Quota, GroupUse]]:
+        """Each quota group with what it holds and spent now."""
+        feed_spend(self.selling, self.db, self.market.now_ms())
+        return group_uses(self.selling)
 
     def _invite(self) -> None:
         """Invite the waiting bids our free capacity and the quotas admit now."""
