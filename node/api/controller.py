@@ -84,6 +84,10 @@ class NodeController:
         with _refusals():
             return views.job(await self.peer.submit(request))
 
+    def reload_quotas(self) -> list[Json]:
+        with _refusals():
+            return views.quotas(self.peer.reload_quotas())
+
     def sold(self) -> list[Json]:
         return [views.sold(s) for s in self.peer.sold()]
 

@@ -111,6 +111,9 @@ class FakeController:
         self.scripts[job_id], self.script = self.script, []
         return self.views[job_id]
 
+    def reload_quotas(self) -> list[dict]:
+        raise ApiError(409, "not-provider", "this node sells nothing, so it has no quotas")
+
     def sold(self) -> list[dict]:
         return [
             {

@@ -93,6 +93,7 @@ OPERATIONS = [
     ("POST", "/v1/dashboard/link"),
     ("GET", "/v1/sold"),
     ("GET", "/v1/jobs/{job_id}/logs/live"),
+    ("POST", "/v1/quotas/reload"),
 ]
 
 

@@ -6,11 +6,13 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
 import trio
 from fake_runner import FakeRunner
 from market_support import events, finished, state, submit, until, virtual
 
 from node.api import views
+from node.api.common import ApiError
 from node.api.controller import NodeController
 from node.cli.status import render_status
 from protocol.quotas import Quota, Quotas
@@ -81,3 +83,32 @@ async def test_a_buyer_past_its_jobs_quota_is_refused_naming_it_and_priority_dec
         assert abs(started(alice, second) - freed) < 10_000
         refusals = [e for e in events(alice, second) if "rejected" in e]
         assert len(refusals) == 1, refusals  # held back, not proposed again and again
+
+
+async def test_quotas_edited_in_config_toml_apply_without_a_restart(
+    clock: trio.testing.MockClock, image_layout: Path
+) -> None:
+    """`cx quota reload`: the running provider takes config.toml's quotas; a config with a
+    problem changes nothing and names it."""
+    runners: dict[Path, FakeRunner] = {}
+    async with virtual(image_layout, runners) as c:
+        provider = await c.provider("provider")
+        controller = NodeController(provider.peer)
+        assert controller.node_info()["quotas"] == []
+        text = provider.home.config_path.read_text()
+        provider.home.config_path.write_text(
+            text + '\n[[provider.quota]]\nname = "everyone"\njobs = 1\n'
+        )
+        [group] = controller.reload_quotas()
+        assert (group["name"], group["peers"], group["limits"]["jobs"]) == ("everyone", [], 1)
+        provider.home.config_path.write_text(text + '\n[[provider.quota]]\nname = "x"\njobs = -1\n')
+        with pytest.raises(ApiError) as refused:
+            controller.reload_quotas()
+        assert (refused.value.status, refused.value.code) == (400, "bad-request")
+        assert "[[provider.quota]] 'x' jobs: must be a whole number >= 0" in str(refused.value)
+        assert [g["name"] for g in controller.node_info()["quotas"]] == ["everyone"]  # kept
+
+        buyer = await c.buyer("buyer")
+        with pytest.raises(ApiError) as not_provider:
+            NodeController(buyer.peer).reload_quotas()
+        assert not_provider.value.code == "not-provider"
