@@ -67,8 +67,8 @@ def quota_problems(value: Any) -> list[str]:  # noqa: ANN401 - any TOML value
         for peer in peers:
             try:
                 PublicKey.from_peer_id(peer)
-            except InvalidMessage as exc:
-                problems.append(f"{where} peers: {peer!r}: {exc}")
+            except InvalidMessage:
+                problems.append(f"{where} peers: {peer!r} is not a peer id (as cx status shows)")
             if peer in seen:
                 problems.append(f"{where} peers: {peer} is in group {seen[peer]!r} already")
             seen.setdefault(peer, str(name))

@@ -105,7 +105,7 @@ async def test_quotas_edited_in_config_toml_apply_without_a_restart(
         with pytest.raises(ApiError) as refused:
             controller.reload_quotas()
         assert (refused.value.status, refused.value.code) == (400, "bad-request")
-        assert "[[provider.quota]] 'x' jobs: must be a whole number >= 0" in str(refused.value)
+        assert "[provider] quota: 'x' jobs: must be a whole number >= 0" in str(refused.value)
         assert [g["name"] for g in controller.node_info()["quotas"]] == ["everyone"]  # kept
 
         buyer = await c.buyer("buyer")

@@ -71,41 +71,42 @@ def test_quotas_are_read_and_written_back_as_they_were(tmp_path: Path) -> None:
 
 
 @pytest.mark.parametrize(
-    ("old", "new", "where", "why"),
+    ("old", "new", "said"),
     [
-        ("jobs = 2", "jobs = -1", "[[provider.quota]] 'students' jobs", "must be a whole number"),
-        ("jobs = 2", 'jobz = 2', "[[provider.quota]] 'students' jobz", "unknown key"),
-        ('name = "everyone"', 'name = "students"', "[[provider.quota]] 'students' name",
-         "two groups have this name"),
-        (f'"{BOB.peer_id}"', '"12D3KooWnope"', "[[provider.quota]] 'students' peers",
-         "'12D3KooWnope'"),
+        ("jobs = 2", "jobs = -1", "'students' jobs: must be a whole number >= 0, not -1"),
+        ("jobs = 2", "jobz = 2", "'students' jobz: unknown key (known: name, peers,"),
+        ('name = "everyone"', 'name = "students"', "'students' name: two groups have this name"),
+        (f'"{BOB.peer_id}"', '"12D3KooWnope"', "'students' peers: '12D3KooWnope' is not a peer id"),
         ('name = "everyone"', 'name = "everyone"\npeers = ["' + ALICE.peer_id + '"]',
-         "[[provider.quota]] 'everyone' peers", "is in group 'students' already"),
-        ("priority = 10", "priority = true", "[[provider.quota]] 'everyone' priority",
-         "whole number"),
+         f"'everyone' peers: {ALICE.peer_id} is in group 'students' already"),
+        ("priority = 10", "priority = true", "'everyone' priority: must be a whole number"),
     ],
 )  # fmt: skip
-def test_a_quota_mistake_is_named_at_start_and_by_config_check(
-    tmp_path: Path, old: str, new: str, where: str, why: str
+def test_a_quota_mistake_is_named_by_group_and_key_at_start_and_by_config_check(
+    tmp_path: Path, old: str, new: str, said: str
 ) -> None:
     assert old in QUOTAS
     home = home_with(tmp_path, PROVIDER + QUOTAS.replace(old, new, 1))
-    problems = check_config(home)
-    assert any(p.where == where and why in p.why for p in problems), problems
-    with pytest.raises(HomeError, match=re.escape(where)):
+    [problem] = check_config(home)
+    assert problem.where == "[provider] quota"
+    assert problem.why.startswith(said), problem.why
+    with pytest.raises(HomeError, match=re.escape(f"[provider] quota: {said}")):
         home.config()
 
 
 def test_quota_that_is_not_an_array_of_tables_is_one_problem(tmp_path: Path) -> None:
     home = home_with(tmp_path, PROVIDER + "quota = 3\n")
     [problem] = check_config(home)
-    assert problem.where == "[[provider.quota]]"
+    assert "must be an array of tables" in problem.why
     with pytest.raises(HomeError, match="array of tables"):
         home.config()
 
 
-def test_two_default_groups_are_one_problem(tmp_path: Path) -> None:
-    home = home_with(tmp_path, PROVIDER + '[[provider.quota]]\nname = "a"\n'
+def test_every_problem_is_said_at_once(tmp_path: Path) -> None:
+    home = home_with(tmp_path, PROVIDER + '[[provider.quota]]\nname = "a"\njobs = -1\n'
                      '[[provider.quota]]\nname = "b"\n')  # fmt: skip
     [problem] = check_config(home)
-    assert "more than one group names no peers" in problem.why
+    assert problem.why == (
+        "'a' jobs: must be a whole number >= 0, not -1; "
+        "more than one group names no peers (the default group)"
+    )
