@@ -209,26 +209,21 @@ class Selling:
         return None
 
     def over_quota(
-        self, buyer: bytes, more: GroupUse, also: tuple[tuple[bytes, GroupUse], ...] = ()
+        self, buyer: bytes, more: GroupUse, uses: list[tuple[bytes, GroupUse]] | None = None
     ) -> QuotaRefusal | None:
-        """The quota of ``buyer``'s group that ``more`` would pass (``also``: uses not held
-        yet, such as bids invited in the same round), or None."""
+        """The quota of ``buyer``'s group that ``more`` would pass, or None; ``uses``
+        (default :meth:`uses`) may add uses not held yet, such as bids invited in the same
+        round."""
         group = self.quotas.group_of(buyer)
         if group is None:
             return None
-        return refusal(group, self.quotas.use(group, (*self.uses(), *also)), more)
+        return refusal(group, self.quotas.use(group, self.uses() if uses is None else uses), more)
 
     def uses(self) -> list[tuple[bytes, GroupUse]]:
         """Each buyer's use here, item by item (protocol/quotas.py): accepted proposals and
         live agreements hold capacity; agreements not settled yet count their ``max_cost``;
         then what each buyer's receipts settled this UTC day."""
-        out = []
-        for key in self._holds:
-            deal = self.deals.get(MessageId(key))
-            agreement = self.agreements.get(key)
-            terms = deal.terms if deal is not None else agreement.terms if agreement else None
-            if terms is not None:
-                out.append((terms.buyer, GroupUse.of(terms.resources, terms.max_cost)))
+        out = [(t.buyer, GroupUse.of(held, t.max_cost)) for t, held in self._held_terms()]
         for agreement_id, agreement in self.agreements.items():
             unsettled = self.jobs[agreement_id].state not in (JobState.SETTLED, JobState.ERROR)
             if agreement_id not in self._holds and unsettled:
@@ -248,13 +243,21 @@ class Selling:
     def held_by(self, buyer: bytes) -> Resources:
         """The capacity ``buyer``'s accepted proposals and live agreements hold."""
         total = Resources(cpu_milli=0, memory_bytes=0)
+        for terms, resources in self._held_terms():
+            if terms.buyer == buyer:
+                total = total.plus(resources)
+        return total
+
+    def _held_terms(self) -> list[tuple[Terms, Resources]]:
+        """The terms of each accepted proposal and live agreement, with what it holds."""
+        out = []
         for key, resources in self._holds.items():
             deal = self.deals.get(MessageId(key))
             agreement = self.agreements.get(key)
             terms = deal.terms if deal is not None else agreement.terms if agreement else None
-            if terms is not None and terms.buyer == buyer:
-                total = total.plus(resources)
-        return total
+            if terms is not None:
+                out.append((terms, resources))
+        return out
 
     def recent_usage(self, buyer: bytes, now_ms: int) -> int:
         """The CPU (milli-cores) ``buyer``'s agreements of the last hour reserved here."""
@@ -290,7 +293,7 @@ class Selling:
             )
         )
         free, chosen = resting.remaining, []
-        invited: tuple[tuple[bytes, GroupUse], ...] = ()
+        uses = self.uses() if self.quotas.groups else []  # and the bids invited below
         for b in candidates:
             buyer, need = b.order.signer.raw, b.bid.resources
             cost = quote(
@@ -300,11 +303,11 @@ class Selling:
             if (
                 need.fits_in(free)
                 and self._within_share(buyer, need)
-                and self.over_quota(buyer, use, invited) is None
+                and self.over_quota(buyer, use, uses) is None
             ):
                 free = free.minus(need)
                 chosen.append(b.order)
-                invited += ((buyer, use),)
+                uses.append((buyer, use))
                 self._invited[b.order.id] = offer_id
         return chosen
 

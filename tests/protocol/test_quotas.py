@@ -4,20 +4,17 @@ protocol/selling.py), and the buyer's side of a quota refusal (protocol/buying.p
 from __future__ import annotations
 
 import pytest
-from factories import GIB, HOUR_MS, T0, Nonces, bid, key, offer
+from factories import GIB, HOUR_MS, T0, Nonces, bid, end_job, key, offer
 
 from protocol.buying import Buying
 from protocol.envelope import open_signed
 from protocol.errors import InvalidMessage
 from protocol.messages import (
     Accept,
-    ExitReason,
-    JobState,
     QuotaKind,
     QuotaRefusal,
     Reject,
     RejectReason,
-    Usage,
 )
 from protocol.quotas import (
     DAY_MS,
@@ -162,19 +159,6 @@ def _propose(buying: Buying, selling: Selling, nonce: Nonces, *, cpu_milli: int)
     return reply, match
 
 
-def _finish(selling: Selling, nonce: Nonces, agreement_id: bytes) -> None:
-    for state in (JobState.TRANSFERRING, JobState.RUNNING):
-        selling.status(agreement_id, state, nonce=nonce(), now_ms=T0)
-    selling.issue_receipt(
-        agreement_id,
-        usage=Usage(wall_ms=1000, cpu_us=1000),
-        exit_reason=ExitReason.SUCCESS,
-        exit_code=0,
-        nonce=nonce(),
-        now_ms=T0,
-    )
-
-
 def test_a_group_past_its_cores_quota_is_refused_naming_it_while_others_are_served():
     students = _group("students", ALICE.public_key.raw, BOB.public_key.raw, cpu_milli=2000)
     selling, nonce = _provider(Quotas(groups=(students,)))
@@ -200,7 +184,7 @@ def test_jobs_at_once_counts_accepted_and_live_jobs_and_frees_with_the_receipt()
     assert isinstance(_propose(alice, selling, nonce, cpu_milli=500)[0].payload, Accept)
     refused, _ = _propose(alice, selling, nonce, cpu_milli=500)
     assert refused.payload.quota.quota is QuotaKind.JOBS
-    _finish(selling, nonce, next(iter(selling.agreements)))
+    end_job(selling, nonce, next(iter(selling.agreements)))
     assert isinstance(_propose(alice, selling, nonce, cpu_milli=500)[0].payload, Accept)
 
 
@@ -236,7 +220,7 @@ def test_invitations_skip_bids_past_a_quota_and_put_higher_priority_groups_first
         resting[name] = order.id
     # one core free: carol's group has priority over bob's higher limit; alice is capped
     assert [o.id for o in selling.invitations(now_ms=T0)] == [resting["carol"]]
-    _finish(selling, nonce, next(iter(selling.agreements)))
+    end_job(selling, nonce, next(iter(selling.agreements)))
     # alice's job ended: her quota and capacity are free, and the highest limit goes first
     assert [o.id for o in selling.invitations(now_ms=T0)] == [resting["alice"], resting["bob"]]
 
@@ -270,7 +254,7 @@ def test_a_buyer_refused_for_a_quota_holds_its_bid_back_from_that_provider_until
     assert alice.trader.book.bids[bid_id].order.id == bid_id  # it rests again
     assert alice.next_match(bid_id, now_ms=T0 + 1) == []
     # the job ends; the provider invites the bid and alice may propose again
-    _finish(selling, nonce, next(iter(selling.agreements)))
+    end_job(selling, nonce, next(iter(selling.agreements)))
     selling.trader.receive_order(match.bid.wire, now_ms=T0 + 1)
     [invited] = selling.invitations(now_ms=T0 + 1)
     invitation = selling.invite(invited, nonce=nonce(), now_ms=T0 + 1)
