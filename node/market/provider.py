@@ -282,6 +282,8 @@ class Provider:
         await stream.send_frame(reply.wire)
         if not isinstance(reply.payload, Accept):
             self.market.metrics.negotiation("provider", "rejected")
+            if (quota := reply.payload.quota) is not None:
+                self.market.metrics.quota_refusals.labels(quota.group, quota.quota.value).inc()
             return
         try:
             with trio.fail_after(self.timings.agreement_timeout_s):

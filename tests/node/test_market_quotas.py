@@ -57,6 +57,10 @@ async def test_a_buyer_past_its_jobs_quota_is_refused_naming_it_and_priority_dec
             f"{provider.peer_id} refused it, {line}; it waits for an invitation or another offer",
         )
         assert line in views.why(alice.peer.why(second))["explanation"]
+        refusals = provider.peer.market.metrics.registry.get_sample_value(
+            "cx_quota_refusals_total", {"group": "guests", "quota": "jobs"}
+        )
+        assert refusals == 1
 
         served = (await submit(bob, c.image, "sleep 120", cpu_milli=1000))["id"]
         await state(bob, served, "running")  # bob is in no group: served
