@@ -1,5 +1,5 @@
 """``cx quota``: a provider's quota groups (config.toml ``[[provider.quota]]``) with what
-each uses now; ``cx quota reload`` applies the config's quotas to the running node.
+each uses now; ``cx quota --reload`` applies the config's quotas to the running node.
 
 Exit status: 0 done, 1 the node refused (not a provider, config.toml has problems), 3 no
 node answered.
@@ -23,29 +23,25 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "quota",
         help="a provider's quotas per group of buyers and what each uses now",
         description="Show the provider's quota groups ([[provider.quota]] in config.toml): "
-        "each limit as used/limit. `cx quota reload` applies config.toml's quotas to the "
+        "each limit as used/limit. With --reload, first apply config.toml's quotas to the "
         "running node without a restart (jobs under way keep running).",
     )
-    actions = quota.add_subparsers(dest="action", metavar="ACTION")
-    reload = actions.add_parser(
-        "reload",
-        help="apply config.toml's [[provider.quota]] now",
-        description="Read the home's config.toml again and apply its quotas and priorities "
-        "from now on; with a problem in it, nothing changes and the problem is named.",
+    quota.add_argument(
+        "--reload",
+        action="store_true",
+        help="read config.toml again and apply its quotas now; with a problem in it, "
+        "nothing changes and the problem is named",
     )
-    for parser in (quota, reload):
-        add_common(parser, json_help="print the groups as JSON (credits in micro-credits)")
-    quota.set_defaults(run=talk("cx quota", _show))
-    reload.set_defaults(run=talk("cx quota reload", _reload))
+    add_common(quota, json_help="print the groups as JSON (credits in micro-credits)")
+    quota.set_defaults(run=talk("cx quota", _quota))
 
 
-def _show(args: argparse.Namespace) -> int:
-    info = client(args).node_info()
+def _quota(args: argparse.Namespace) -> int:
+    api = client(args)
+    if args.reload:
+        return _print(args, api.reload_quotas(), provider=True)
+    info = api.node_info()
     return _print(args, info.get("quotas") or [], provider=bool(info.get("provider")))
-
-
-def _reload(args: argparse.Namespace) -> int:
-    return _print(args, client(args).reload_quotas(), provider=True)
 
 
 def _print(args: argparse.Namespace, groups: list[Json], *, provider: bool) -> int:

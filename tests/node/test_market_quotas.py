@@ -34,7 +34,7 @@ async def test_a_buyer_past_its_jobs_quota_is_refused_naming_it_and_priority_dec
         for buyer in (alice, bob, carol):
             await buyer.peer.join(provider.addr)
         assert provider.peer.provider is not None
-        provider.peer.provider.set_quotas(  # live, as `cx quota reload` does
+        provider.peer.provider.set_quotas(  # live, as `cx quota --reload` does
             Quotas(
                 groups=(
                     Quota(name="guests", members=frozenset({alice.peer.key.public_key.raw}),
@@ -92,7 +92,7 @@ async def test_a_buyer_past_its_jobs_quota_is_refused_naming_it_and_priority_dec
 async def test_quotas_edited_in_config_toml_apply_without_a_restart(
     clock: trio.testing.MockClock, image_layout: Path
 ) -> None:
-    """`cx quota reload`: the running provider takes config.toml's quotas; a config with a
+    """`cx quota --reload`: the running provider takes config.toml's quotas; a config with a
     problem changes nothing and names it."""
     runners: dict[Path, FakeRunner] = {}
     async with virtual(image_layout, runners) as c:
