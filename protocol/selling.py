@@ -17,7 +17,7 @@ Rules:
   provider *invites* resting bids its offer fits (:meth:`Selling.invitations`): highest CPU
   limit first, then the buyer with the least recent usage (CPU reserved by its agreements
   of the last hour), then the oldest bid; as many as the free capacity holds, each bid once
-  per offer.
+  per offer, and never a bid already agreed here (its job ran or runs).
 - Quotas and priorities (protocol/quotas.py): a proposal past a quota of its buyer's group
   is rejected ``quota``, naming the quota, the group and the limit; no bid is invited past
   one, and bids of a higher-priority group are invited first. The shell sets
@@ -276,11 +276,13 @@ class Selling:
         if resting is None:
             return []
         offer_id = resting.order.id
+        traded = {a.terms.bid_id for a in self.agreements.values()}  # its job ran here
         candidates = [
             b
             for bid_id, b in book.bids.items()
             if not b.active
             and b.order.expires_ms > now_ms
+            and bid_id not in traded
             and self._invited.get(bid_id) != offer_id
             and book.fits(bid_id, offer_id, reputation=self.trader.reputation)
         ]

@@ -261,3 +261,17 @@ def test_a_buyer_refused_for_a_quota_holds_its_bid_back_from_that_provider_until
     match_now = alice.receive_invitation(invitation.wire, now_ms=T0 + 1)
     assert match_now is not None
     assert not alice.held_back(match_now)
+
+
+def test_a_bid_that_already_traded_here_is_not_invited_and_takes_no_quota():
+    """Seen in a real run: the provider's book still held the bid of the job that had just
+    ended; inviting it again used the group's one job, and the waiting bid stayed out."""
+    capped = _group("capped", ALICE.public_key.raw, jobs=1)
+    selling, nonce = _provider(Quotas(groups=(capped,)))
+    alice = _buyer(ALICE, selling)
+    _, first = _propose(alice, selling, nonce, cpu_milli=1000)
+    _, second = _propose(alice, selling, nonce, cpu_milli=1000)  # refused for the quota
+    for match in (first, second):  # both bids reached the provider by gossip
+        selling.trader.receive_order(match.bid.wire, now_ms=T0)
+    end_job(selling, nonce, next(iter(selling.agreements)))
+    assert [o.id for o in selling.invitations(now_ms=T0)] == [second.bid.id]
