@@ -116,7 +116,7 @@ class Quotas:
         """The sum of the ``(buyer, use)`` items whose buyer is in ``group``."""
         total = GroupUse()
         for buyer, use in jobs:
-            if self.group_of(buyer) == group:
+            if self.group_of(buyer) is group:
                 total = total.plus(use)
         return total
 
