@@ -43,6 +43,12 @@ class Metrics:
             ["role", "outcome"],
             registry=r,
         )
+        self.quota_refusals = Counter(
+            "cx_quota_refusals",
+            "Proposals this provider refused for a quota, by the group and the quota",
+            ["group", "quota"],
+            registry=r,
+        )
         self.container_start = Histogram(
             "cx_container_start_seconds",
             "Time from a job's start on this provider to its container running",

@@ -60,6 +60,7 @@ from protocol.identity import PrivateKey
 from protocol.messages import Terms
 from protocol.negotiation import Agreement
 from protocol.pricing import Rung
+from protocol.quotas import GroupUse, Quota
 from protocol.settlement import LedgerEntry
 from protocol.trader import Trader
 
@@ -242,6 +243,8 @@ class Peer:
         now = self.market.now_ms()
         e = trader.book.explain(bid, now_ms=now, reputation=trader.reputation)
         text, rung = why_not(e, bid), self.buyer.rung(job)
+        if job.bid_id is not None and (held := self.buyer.quota_held(job.bid_id)):
+            text = f"{text.rstrip('.')}. Provider {held}."
         if rung is not None:
             limit = rung.limit.cpu_core_hour / 1e6
             text = (
@@ -369,6 +372,25 @@ class Peer:
             return await check_score(self.buyer, provider)
         except (ScoreCheckError, InvalidMessage) as exc:
             raise PeerError(f"cannot check {provider}'s work score: {exc}") from None
+
+    def reload_quotas(self) -> list[tuple[Quota, GroupUse]]:
+        """Apply the ``[[provider.quota]]`` of config.toml as it is now, without a restart
+        (its other keys wait for one); each group with its use.
+
+        Raises:
+            Conflict: this node sells nothing.
+            PeerError: config.toml has problems (the node keeps its quotas).
+        """
+        if self.provider is None:
+            raise Conflict("not-provider", "this node sells nothing, so it has no quotas")
+        try:
+            provider = self.home.config().provider
+        except HomeError as exc:
+            raise PeerError(f"quotas not reloaded: {exc}") from None
+        if provider is None:
+            raise PeerError("quotas not reloaded: config.toml has no [provider] table now")
+        self.provider.set_quotas(provider.quotas)
+        return self.provider.quota_use()
 
     def sold(self) -> list[Sold]:
         """The jobs this node took as provider, newest first, with what each earned."""

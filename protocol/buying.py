@@ -4,7 +4,9 @@
     -> agree() -> receive_status(...) -> receive_receipt() -> countersigned receipt, settled
 
 After a reject, bad evidence or silence the match is released, the provider is remembered as
-having refused this bid, and :meth:`Buying.next_match` offers the next candidate.
+having refused this bid, and :meth:`Buying.next_match` offers the next candidate. A reject
+for a quota (spec/matching.md) rules out every offer of that provider for this bid, its new
+offers too (:meth:`Buying.held_back`), until the provider invites the bid: its quota freed.
 """
 
 from __future__ import annotations
@@ -25,6 +27,7 @@ from protocol.messages import (
     JobState,
     JobStatus,
     Proposal,
+    QuotaRefusal,
     Reject,
     UsageReceipt,
 )
@@ -61,6 +64,8 @@ class Buying:
     agreements: dict[bytes, Agreement] = field(default_factory=dict)
     jobs: dict[bytes, Machine[JobState, JobState]] = field(default_factory=dict)
     refused: dict[MessageId, set[MessageId]] = field(default_factory=dict)  # bid -> offers
+    # bid -> provider key -> the quota it refused the bid for
+    over_quota: dict[MessageId, dict[bytes, QuotaRefusal]] = field(default_factory=dict)
 
     # -- negotiation -----------------------------------------------------------------
 
@@ -91,6 +96,9 @@ class Buying:
             raise InvalidMessage(Reason.WRONG_PARTY, "reply from someone else than the provider")
         if isinstance(reply.payload, Reject):
             deal.machine.fire(BuyerEvent.RECEIVE_REJECT, remote=True)
+            if reply.payload.quota is not None:
+                by_provider = self.over_quota.setdefault(deal.match.bid.id, {})
+                by_provider[terms.provider] = reply.payload.quota
             self._refused(deal)
             return reply
         reply.signer.verify(AGREEMENT_DOMAIN, terms_bytes(terms), reply.payload.terms_signature)
@@ -164,18 +172,30 @@ class Buying:
         if bid is None or not bid.active:
             return None
         self.refused.get(bid_id, set()).discard(offer_id)
+        self.over_quota.get(bid_id, {}).pop(invitation.signer.raw, None)
         return self.trader.book.match_invited(
             bid_id, offer_id, now_ms=now_ms, reputation=self.trader.reputation
         )
 
     def next_match(self, bid_id: MessageId, *, now_ms: int) -> list[Match]:
         """The next candidate for a bid whose last proposal failed."""
-        return self.trader.book.rematch(
+        over = self.over_quota.get(bid_id, {})
+        book = self.trader.book
+        by_quota = {o for o, r in book.offers.items() if r.order.signer.raw in over}
+        return book.rematch(
             bid_id,
             now_ms=now_ms,
-            exclude=frozenset(self.refused.get(bid_id, ())),
+            exclude=frozenset(self.refused.get(bid_id, set()) | by_quota),
             reputation=self.trader.reputation,
         )
+
+    def held_back(self, match: Match) -> bool:
+        """True, and the match released, when its provider refused its bid for a quota and
+        has not invited it since: proposing again would only be refused again."""
+        if match.provider not in self.over_quota.get(match.bid.id, {}):
+            return False
+        self.trader.book.release(match, rest_bid=True)
+        return True
 
     # -- the job ---------------------------------------------------------------------
 

@@ -56,6 +56,8 @@ __all__ = [
     "Offer",
     "Prices",
     "Proposal",
+    "QuotaKind",
+    "QuotaRefusal",
     "RegistryLogin",
     "Reject",
     "RejectReason",
@@ -420,6 +422,29 @@ class RejectReason(enum.StrEnum):
     UNKNOWN_ORDER = "unknown-order"
     BAD_TERMS = "bad-terms"
     POLICY = "policy"
+    QUOTA = "quota"  # a quota of the provider's for the buyer's group (spec/matching.md)
+
+
+class QuotaKind(enum.StrEnum):
+    """Which of a provider's quotas a proposal would exceed (protocol/quotas.py)."""
+
+    CORES = "cores"
+    MEMORY = "memory"
+    GPUS = "gpus"
+    JOBS = "jobs"
+    CREDITS_PER_DAY = "credits-per-day"
+
+
+@dataclass(frozen=True, slots=True, kw_only=True)
+class QuotaRefusal:
+    """The quota a rejected proposal would exceed: its group's name, its limit and what the
+    group used before this proposal, in the quota's unit (millicores, bytes, GPUs, jobs,
+    micro-credits)."""
+
+    quota: QuotaKind
+    group: str
+    limit: int
+    used: int
 
 
 @dataclass(frozen=True, slots=True, kw_only=True)
@@ -435,6 +460,11 @@ class Reject:
     proposal_id: bytes
     reason: RejectReason
     detail: str = ""
+    quota: QuotaRefusal | None = None  # with reason ``quota``, and only then
+
+    def __post_init__(self) -> None:
+        if (self.reason is RejectReason.QUOTA) != (self.quota is not None):
+            raise ValueError("a reject names a quota exactly when its reason is quota")
 
 
 class JobState(enum.StrEnum):

@@ -17,7 +17,11 @@ Rules:
   provider *invites* resting bids its offer fits (:meth:`Selling.invitations`): highest CPU
   limit first, then the buyer with the least recent usage (CPU reserved by its agreements
   of the last hour), then the oldest bid; as many as the free capacity holds, each bid once
-  per offer.
+  per offer, and never a bid already agreed here (its job ran or runs).
+- Quotas and priorities (protocol/quotas.py): a proposal past a quota of its buyer's group
+  is rejected ``quota``, naming the quota, the group and the limit; no bid is invited past
+  one, and bids of a higher-priority group are invited first. The shell sets
+  :attr:`Selling.spent_today` from its ledger before it screens or invites.
 """
 
 from __future__ import annotations
@@ -25,6 +29,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from protocol.elastic import ceiling
 from protocol.envelope import MessageId, Signed
 from protocol.errors import InvalidMessage, LocalProtocolError, Reason
 from protocol.job import END_STATE, JOB_TABLE, job_machine
@@ -41,6 +46,7 @@ from protocol.messages import (
     JobStatus,
     Offer,
     Proposal,
+    QuotaRefusal,
     Reject,
     RejectReason,
     Resources,
@@ -59,12 +65,20 @@ from protocol.negotiation import (
     sign_terms,
 )
 from protocol.pricing import PPM
+from protocol.quotas import GroupUse, Quotas, describe, refusal
 from protocol.receipts import CountersignedReceipt, agreed_charge
-from protocol.settlement import LedgerEntry
+from protocol.settlement import LedgerEntry, quote
 from protocol.tape import print_of, sign_print
 from protocol.trader import NEGOTIATION_TTL_MS, Trader
 
-__all__ = ["FAIR_SHARE_WINDOW_MS", "LIVE", "ProviderDeal", "Selling", "choose_preemption"]
+__all__ = [
+    "FAIR_SHARE_WINDOW_MS",
+    "LIVE",
+    "ProviderDeal",
+    "Refusal",
+    "Selling",
+    "choose_preemption",
+]
 
 # Job states in which a job holds the provider's capacity.
 LIVE = frozenset({JobState.AGREED, JobState.TRANSFERRING, JobState.RUNNING})
@@ -95,6 +109,15 @@ def choose_preemption(
     return victims if need.fits_in(free) else None
 
 
+@dataclass(frozen=True, slots=True, kw_only=True)
+class Refusal:
+    """Why a provider refuses a proposal: the reject's reason, detail and quota."""
+
+    reason: RejectReason
+    detail: str
+    quota: QuotaRefusal | None = None
+
+
 @dataclass(slots=True)
 class ProviderDeal:
     proposal: Signed[Proposal]
@@ -115,6 +138,9 @@ class Selling:
     _holds: dict[bytes, Resources] = field(default_factory=dict)  # proposal or agreement id
     max_share_ppm: int = PPM  # the most of the offer one buyer may hold
     _invited: dict[MessageId, MessageId] = field(default_factory=dict)  # bid -> offer
+    quotas: Quotas = field(default_factory=Quotas)
+    # buyer -> micro-credits its receipts settled with us this UTC day (the shell's ledger)
+    spent_today: dict[bytes, int] = field(default_factory=dict)
 
     # -- the offer ---------------------------------------------------------------------
 
@@ -155,25 +181,55 @@ class Selling:
         self.deals[proposal.id] = deal
         return proposal
 
-    def screen(self, proposal_id: MessageId) -> tuple[RejectReason, str] | None:
+    def screen(self, proposal_id: MessageId) -> Refusal | None:
         """Why we must refuse this proposal whatever our capacity, or None."""
         terms = self.deals[proposal_id].terms
         if self.offer is None or terms.offer_id != self.offer.id:
-            return RejectReason.UNKNOWN_ORDER, "that offer was replaced by a newer one"
+            return Refusal(
+                reason=RejectReason.UNKNOWN_ORDER, detail="that offer was replaced by a newer one"
+            )
         level = terms.trust.level
         if level is not TrustLevel.NONE and level not in self.offer.payload.trust:
-            return RejectReason.TRUST_UNAVAILABLE, f"this provider cannot attest {level}"
+            detail = f"this provider cannot attest {level}"
+            return Refusal(reason=RejectReason.TRUST_UNAVAILABLE, detail=detail)
         try:
             check_terms_against_offer(terms, self.offer, self.trader.me)
         except InvalidMessage as exc:
-            return RejectReason.BAD_TERMS, str(exc)
+            return Refusal(reason=RejectReason.BAD_TERMS, detail=str(exc))
         if terms.job.secrets and self.offer.payload.seal_key is None:
             # spec/messages.md rule 6: nowhere to seal them to
-            return RejectReason.BAD_TERMS, "this provider takes no sealed secrets"
+            detail = "this provider takes no sealed secrets"
+            return Refusal(reason=RejectReason.BAD_TERMS, detail=detail)
         if not self._within_share(terms.buyer, terms.resources):
-            share = self.max_share_ppm / 10_000
-            return RejectReason.NO_CAPACITY, f"fair share: one buyer may hold {share:g} % at most"
+            detail = f"fair share: one buyer may hold {self.max_share_ppm / 10_000:g} % at most"
+            return Refusal(reason=RejectReason.NO_CAPACITY, detail=detail)
+        over = self.over_quota(terms.buyer, GroupUse.of(terms.resources, terms.max_cost))
+        if over is not None:
+            return Refusal(reason=RejectReason.QUOTA, detail=describe(over), quota=over)
         return None
+
+    def over_quota(
+        self, buyer: bytes, more: GroupUse, uses: list[tuple[bytes, GroupUse]] | None = None
+    ) -> QuotaRefusal | None:
+        """The quota of ``buyer``'s group that ``more`` would pass, or None; ``uses``
+        (default :meth:`uses`) may add uses not held yet, such as bids invited in the same
+        round."""
+        group = self.quotas.group_of(buyer)
+        if group is None:
+            return None
+        return refusal(group, self.quotas.use(group, self.uses() if uses is None else uses), more)
+
+    def uses(self) -> list[tuple[bytes, GroupUse]]:
+        """Each buyer's use here, item by item (protocol/quotas.py): accepted proposals and
+        live agreements hold capacity; agreements not settled yet count their ``max_cost``;
+        then what each buyer's receipts settled this UTC day."""
+        out = [(t.buyer, GroupUse.of(held, t.max_cost)) for t, held in self._held_terms()]
+        for agreement_id, agreement in self.agreements.items():
+            unsettled = self.jobs[agreement_id].state not in (JobState.SETTLED, JobState.ERROR)
+            if agreement_id not in self._holds and unsettled:
+                out.append((agreement.terms.buyer, GroupUse(credits=agreement.terms.max_cost)))
+        out += [(buyer, GroupUse(credits=spent)) for buyer, spent in self.spent_today.items()]
+        return out
 
     def _within_share(self, buyer: bytes, more: Resources) -> bool:
         if self.max_share_ppm >= PPM or self.offer is None:
@@ -187,13 +243,21 @@ class Selling:
     def held_by(self, buyer: bytes) -> Resources:
         """The capacity ``buyer``'s accepted proposals and live agreements hold."""
         total = Resources(cpu_milli=0, memory_bytes=0)
+        for terms, resources in self._held_terms():
+            if terms.buyer == buyer:
+                total = total.plus(resources)
+        return total
+
+    def _held_terms(self) -> list[tuple[Terms, Resources]]:
+        """The terms of each accepted proposal and live agreement, with what it holds."""
+        out = []
         for key, resources in self._holds.items():
             deal = self.deals.get(MessageId(key))
             agreement = self.agreements.get(key)
             terms = deal.terms if deal is not None else agreement.terms if agreement else None
-            if terms is not None and terms.buyer == buyer:
-                total = total.plus(resources)
-        return total
+            if terms is not None:
+                out.append((terms, resources))
+        return out
 
     def recent_usage(self, buyer: bytes, now_ms: int) -> int:
         """The CPU (milli-cores) ``buyer``'s agreements of the last hour reserved here."""
@@ -212,27 +276,40 @@ class Selling:
         if resting is None:
             return []
         offer_id = resting.order.id
+        traded = {a.terms.bid_id for a in self.agreements.values()}  # its job ran here
         candidates = [
             b
             for bid_id, b in book.bids.items()
             if not b.active
             and b.order.expires_ms > now_ms
+            and bid_id not in traded
             and self._invited.get(bid_id) != offer_id
             and book.fits(bid_id, offer_id, reputation=self.trader.reputation)
         ]
         candidates.sort(
             key=lambda b: (
+                -self.quotas.priority(b.order.signer.raw),
                 -b.bid.max_prices.cpu_core_hour,
                 self.recent_usage(b.order.signer.raw, now_ms),
                 b.order.issued_ms,
             )
         )
         free, chosen = resting.remaining, []
+        uses = self.uses() if self.quotas.groups else []  # and the bids invited below
         for b in candidates:
-            buyer = b.order.signer.raw
-            if b.bid.resources.fits_in(free) and self._within_share(buyer, b.bid.resources):
-                free = free.minus(b.bid.resources)
+            buyer, need = b.order.signer.raw, b.bid.resources
+            cost = quote(
+                resting.order.payload.prices, ceiling(need, b.bid.elastic), b.bid.job.wall_ms
+            )
+            use = GroupUse.of(need, cost)
+            if (
+                need.fits_in(free)
+                and self._within_share(buyer, need)
+                and self.over_quota(buyer, use, uses) is None
+            ):
+                free = free.minus(need)
                 chosen.append(b.order)
+                uses.append((buyer, use))
                 self._invited[b.order.id] = offer_id
         return chosen
 
@@ -259,16 +336,23 @@ class Selling:
     ) -> Signed[Accept] | Signed[Reject]:
         """Hold the capacity and accept; rejects instead if the proposal fails
         :meth:`screen` or no longer fits."""
-        refusal = self.screen(proposal_id)
+        refused = self.screen(proposal_id)
         terms, offer = self.deals[proposal_id].terms, self.offer
-        if refusal is None and offer is not None:  # screen() refuses without an offer
+        if refused is None and offer is not None:  # screen() refuses without an offer
             try:
                 self.trader.book.reserve(offer.id, terms.resources)
             except LocalProtocolError as exc:
-                refusal = (RejectReason.NO_CAPACITY, str(exc))
-        if refusal is not None or offer is None:
-            refusal = refusal or (RejectReason.UNKNOWN_ORDER, "no offer")
-            return self.reject(proposal_id, *refusal, nonce=nonce, now_ms=now_ms)
+                refused = Refusal(reason=RejectReason.NO_CAPACITY, detail=str(exc))
+        if refused is not None or offer is None:
+            refused = refused or Refusal(reason=RejectReason.UNKNOWN_ORDER, detail="no offer")
+            return self.reject(
+                proposal_id,
+                refused.reason,
+                refused.detail,
+                quota=refused.quota,
+                nonce=nonce,
+                now_ms=now_ms,
+            )
         self._holds[proposal_id] = terms.resources
         self.deals[proposal_id].machine.fire(ProviderEvent.SEND_ACCEPT)
         payload = Accept(
@@ -285,11 +369,12 @@ class Selling:
         reason: RejectReason,
         detail: str = "",
         *,
+        quota: QuotaRefusal | None = None,
         nonce: bytes,
         now_ms: int,
     ) -> Signed[Reject]:
         self.deals.pop(proposal_id).machine.fire(ProviderEvent.SEND_REJECT)
-        payload = Reject(proposal_id=proposal_id, reason=reason, detail=detail)
+        payload = Reject(proposal_id=proposal_id, reason=reason, detail=detail, quota=quota)
         return self.trader.seal(payload, nonce, now_ms, NEGOTIATION_TTL_MS)
 
     def receive_agreement(self, wire: bytes) -> Agreement:

@@ -10,12 +10,16 @@ from protocol.messages import (
     Arch,
     Bid,
     Constraints,
+    ExitReason,
     JobSpec,
+    JobState,
     Offer,
     Prices,
     Resources,
     TrustLevel,
+    Usage,
 )
+from protocol.selling import Selling
 
 GIB = 1 << 30
 HOUR_MS = 3_600_000
@@ -73,4 +77,18 @@ def bid(
         resources=Resources(cpu_milli=cpu_milli, memory_bytes=memory),
         max_prices=Prices(cpu_core_hour=cpu_limit, memory_gib_hour=mem_limit, disk_gib_hour=200),
         constraints=constraints or Constraints(),
+    )
+
+
+def end_job(selling: Selling, nonce: Nonces, agreement_id: bytes, now_ms: int = T0) -> None:
+    """Run an agreed job to its receipt on the provider's side: its capacity frees."""
+    for state in (JobState.TRANSFERRING, JobState.RUNNING):
+        selling.status(agreement_id, state, nonce=nonce(), now_ms=now_ms)
+    selling.issue_receipt(
+        agreement_id,
+        usage=Usage(wall_ms=1000, cpu_us=1000),
+        exit_reason=ExitReason.SUCCESS,
+        exit_code=0,
+        nonce=nonce(),
+        now_ms=now_ms,
     )

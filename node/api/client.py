@@ -141,6 +141,10 @@ class ApiClient:
         """Run the benchmark on that provider and judge its stated work score (waits)."""
         return self._object("POST", f"/v1/providers/{peer_id}/check-score")
 
+    def reload_quotas(self) -> list[Json]:
+        """Have a provider apply its config.toml's quotas now; each group with its use."""
+        return self._list("POST", "/v1/quotas/reload")
+
     def offers(self) -> list[Json]:
         return self._list("GET", "/v1/offers")
 

@@ -65,6 +65,7 @@ class NodeController:
             "provider": provider is not None,
             "offer": None if offer is None else views.offer(offer),
             "version": version("compute-exchange"),
+            "quotas": views.quotas(provider.quota_use() if provider is not None else ()),
         }
 
     def peers(self) -> list[Json]:
@@ -82,6 +83,10 @@ class NodeController:
     async def submit(self, request: JobRequest) -> Json:
         with _refusals():
             return views.job(await self.peer.submit(request))
+
+    def reload_quotas(self) -> list[Json]:
+        with _refusals():
+            return views.quotas(self.peer.reload_quotas())
 
     def sold(self) -> list[Json]:
         return [views.sold(s) for s in self.peer.sold()]

@@ -24,6 +24,8 @@ __all__ = [
     "OutputsRequest",
     "PeerView",
     "PriceField",
+    "QuotaLimits",
+    "QuotaView",
     "ScoreCheckView",
     "SoldView",
     "WhyView",
@@ -106,12 +108,33 @@ class OfferRowView(OfferView):
     expires_ms: int
 
 
+class QuotaLimits(_View):
+    """A group's limits (None: no limit), or what it uses now, in the limits' units."""
+
+    cpu_milli: int | None
+    memory_bytes: int | None
+    gpus: int | None
+    jobs: int | None
+    credits_per_day: int | None  # used: micro-credits this UTC day, unsettled jobs' caps too
+
+
+class QuotaView(_View):
+    """A provider's quota group (config.toml ``[[provider.quota]]``) and its use now."""
+
+    name: str
+    peers: list[str]  # empty: the default group
+    priority: int
+    limits: QuotaLimits
+    used: QuotaLimits
+
+
 class NodeView(_View):
     peer_id: str
     addrs: list[str]
     provider: bool
     offer: OfferView | None
     version: str
+    quotas: list[QuotaView] = []  # a provider's, in the order its config lists them
 
 
 class PeerView(_View):

@@ -48,6 +48,7 @@ Routes (``{id}`` is a job id or an unambiguous prefix of one)::
     POST /v1/providers/{peer}/check-score
                                   ScoreCheckView: the benchmark run on that provider, its
                                   stated and measured work score (waits for the job)
+    POST /v1/quotas/reload        [QuotaView]: a provider applies config.toml's quotas now
     GET  /v1/offers               [OfferRowView]: every live offer in the book
     GET  /v1/market               MarketView
     GET  /v1/market/trades?since_ms=T
@@ -126,6 +127,8 @@ class Controller(Live, Protocol):
     def jobs(self) -> list[Json]: ...
 
     def sold(self) -> list[Json]: ...
+
+    def reload_quotas(self) -> list[Json]: ...
 
     def job(self, job_id: str) -> Json: ...
 
@@ -298,6 +301,10 @@ def _routes(app: FastAPI, c: Controller) -> None:
         peer_id: Annotated[str, Path(pattern=r"^12D3KooW[1-9A-HJ-NP-Za-km-z]{44}$")],
     ) -> Json:
         return await c.check_score(peer_id)
+
+    @app.post("/v1/quotas/reload", response_model=list[models.QuotaView])
+    async def reload_quotas() -> list[Json]:
+        return c.reload_quotas()
 
     @app.get("/v1/offers", response_model=list[models.OfferRowView])
     async def offers() -> list[Json]:

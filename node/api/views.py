@@ -17,12 +17,13 @@ from protocol.book import OrderBook
 from protocol.envelope import Signed
 from protocol.identity import PublicKey
 from protocol.messages import Bid, Offer
+from protocol.quotas import GroupUse, Quota
 from protocol.settlement import LedgerEntry
 from protocol.tape import TradePrint, candles, resource_class
 from protocol.transfer import TransferCost
 from protocol.work import work_per_kwh, work_price
 
-__all__ = ["history", "job", "ledger", "market", "offer", "offers", "why"]
+__all__ = ["history", "job", "ledger", "market", "offer", "offers", "quotas", "why"]
 
 CHART_PRINTS = 40  # the recent prices a class's chart shows
 
@@ -96,6 +97,32 @@ def offers(book: OrderBook, reputation: Mapping[bytes, int], me: bytes, now_ms: 
             }
         )
     return sorted(out, key=lambda o: (o["class"], o["cpu_core_hour"]))
+
+
+def quotas(groups: Iterable[tuple[Quota, GroupUse]]) -> list[Json]:
+    """A provider's quota groups, each with its limits and what it uses now."""
+    return [
+        {
+            "name": q.name,
+            "peers": sorted(PublicKey(raw).peer_id for raw in q.members),
+            "priority": q.priority,
+            "limits": {
+                "cpu_milli": q.cpu_milli,
+                "memory_bytes": q.memory_bytes,
+                "gpus": q.gpus,
+                "jobs": q.jobs,
+                "credits_per_day": q.credits_per_day,
+            },
+            "used": {
+                "cpu_milli": u.cpu_milli,
+                "memory_bytes": u.memory_bytes,
+                "gpus": u.gpus,
+                "jobs": u.jobs,
+                "credits_per_day": u.credits,
+            },
+        }
+        for q, u in groups
+    ]
 
 
 def why(w: Why) -> Json:

@@ -27,6 +27,7 @@ from node.cli import (
     jobs,
     market,
     node,
+    quota,
     run,
     sim,
     status,
@@ -55,6 +56,7 @@ _GROUPS: tuple[Any, ...] = (
     market,
     dashboard,
     config,
+    quota,
     top,
     completion,
 )

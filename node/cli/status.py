@@ -33,8 +33,8 @@ def register(commands: Any) -> None:  # noqa: ANN401 - argparse's private subpar
         "status",
         help="this node: peer id, role, the address to join it by, its offer",
         description="Show the running node of the home: its peer id, whether it sells "
-        "capacity, the addresses other nodes join it by (`cx init --bootstrap ADDR`), and "
-        "its offer in credits.",
+        "capacity, the addresses other nodes join it by (`cx init --bootstrap ADDR`), "
+        "its offer in credits, and a provider's quota groups with what each uses now.",
     )
     add_common(status, json_help="print the node as JSON (prices in micro-credits)")
     status.add_argument(
@@ -96,4 +96,27 @@ def render_status(info: Json) -> str:
             f"credits/core-hour, {size(offer['memory_bytes'])} memory at "
             f"{credits(offer['memory_gib_hour'])} credits/GiB-hour"
         )
+    lines += [render_quota(q) for q in info.get("quotas") or []]
     return "\n".join(lines)
+
+
+_QUOTA_UNITS = (
+    ("cpu_milli", "cores", lambda n: cores(n).split()[0]),
+    ("memory_bytes", "memory", lambda n: size(n).replace(" ", "")),
+    ("gpus", "gpus", str),
+    ("jobs", "jobs", str),
+    ("credits_per_day", "credits today", credits),
+)
+
+
+def render_quota(quota: Json) -> str:
+    """``quota:    students (2 peers, priority 10): cores 1.5/2, jobs 1/1, ...``: each
+    limit as used/limit (``-``: no limit)."""
+    peers = len(quota["peers"])
+    who = f"{peers} peer{'s' if peers != 1 else ''}" if peers else "everyone else"
+    used, limits = quota["used"], quota["limits"]
+    parts = [
+        f"{name} {say(used[key])}/{'-' if limits[key] is None else say(limits[key])}"
+        for key, name, say in _QUOTA_UNITS
+    ]
+    return f"quota:    {quota['name']} ({who}, priority {quota['priority']}): {', '.join(parts)}"

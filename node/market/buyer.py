@@ -71,6 +71,7 @@ from protocol.messages import (
 )
 from protocol.negotiation import Agreement, terms_hash
 from protocol.pricing import Rung, ladder
+from protocol.quotas import held_back, why_rejected
 from protocol.units import credits
 
 __all__ = ["FINAL_STATES", "JOB_STATES", "RUNNING_STATES", "WAITING_STATES", "Buyer"]
@@ -214,6 +215,10 @@ class Buyer:
             self._event(job_id, "waiting", f"limit raised to {price} credits per CPU core-hour")
             await self._announce(*self._post(job_id, bid))
 
+    def quota_held(self, bid_id: bytes) -> str | None:
+        """Which providers' quotas hold the bid back, in one line (protocol/quotas.py)."""
+        return held_back(self.buying.over_quota.get(MessageId(bid_id), {}))
+
     def _waiting_rung(self, job_id: str) -> Rung | None:
         """The ladder of a job that still waits (None: no deadline, gone, or unreadable:
         restoring sets such a row aside)."""
@@ -329,12 +334,16 @@ class Buyer:
                 self._event(job_id, "error", "its secrets were held in memory only and the node "
                             "restarted; submit the job again")  # fmt: skip
                 return
+            tried = False
             while match is not None and job_id is not None:
-                if await self._try(job_id, match) is not None:
-                    return
+                if not self.buying.held_back(match):  # refused for a quota: not again
+                    tried = True
+                    if await self._try(job_id, match) is not None:
+                        return
                 match = self._next_candidate(bid_id)
-            if job_id is not None:
-                self._event(job_id, "waiting", "no provider agreed yet; the bid waits for offers")
+            if job_id is not None and tried:
+                why = self.quota_held(bid_id) or "no provider agreed yet; the bid waits for offers"
+                self._event(job_id, "waiting", why)
         except Exception:
             # Top of a per-bid task: the node keeps serving; the bid rests for new offers.
             log.exception("negotiation for bid %s failed", bid_id.hex()[:16])
@@ -390,7 +399,7 @@ class Buyer:
                         raise RemoteNetworkError(NetReason.CLOSED, "no answer to the proposal")
                     reply = self.buying.receive_reply(answer, now_ms=self.market.now_ms())
                     if not isinstance(reply.payload, Accept):
-                        why = f"{reply.payload.reason} {reply.payload.detail}".strip()
+                        why = why_rejected(reply.payload)
                         self._event(job_id, "negotiating", f"{who} rejected: {why}")
                         self.market.metrics.negotiation("buyer", "rejected")
                         return None

@@ -33,6 +33,7 @@ from node.market.gossip import Market
 from node.market.holdings import follow_holdings, held_now
 from node.market.invitations import send_invitations
 from node.market.livelogs import CHUNK, answer_logs
+from node.market.quotas import feed_spend, group_uses
 from node.market.repricing import asking_now, follow_prices
 from node.market.secrets import SealKey, receive_secrets
 from node.market.stopping import answer_stop
@@ -79,6 +80,7 @@ from protocol.messages import (
     UsageReceipt,
 )
 from protocol.negotiation import Agreement, terms_hash
+from protocol.quotas import GroupUse, Quota, Quotas
 from protocol.receipts import CountersignedReceipt
 from protocol.selling import Selling
 
@@ -136,7 +138,9 @@ class Provider:
         self.executor = executor
         self.config = config
         self.attestor = attestor
-        self.selling = Selling(market.trader, max_share_ppm=config.max_share_ppm)
+        self.selling = Selling(
+            market.trader, max_share_ppm=config.max_share_ppm, quotas=config.quotas
+        )
         self.timings = market.timings
         self.s3 = s3  # where the jobs' s3:// inputs and outputs go
         self.seal = SealKey()  # buyers seal their jobs' secrets to it
@@ -268,6 +272,8 @@ class Provider:
             lifetime = self.offer.expires_ms - self.offer.issued_ms
             await trio.sleep(lifetime * self.timings.offer_refresh / 1000)
             await self._post_offer()
+            if self.selling.quotas.groups:  # a new UTC day may have freed a credits quota
+                self._invite()
 
     # -- negotiation -------------------------------------------------------------------
 
@@ -287,6 +293,8 @@ class Provider:
         await stream.send_frame(reply.wire)
         if not isinstance(reply.payload, Accept):
             self.market.metrics.negotiation("provider", "rejected")
+            if (quota := reply.payload.quota) is not None:
+                self.market.metrics.quota_refusals.labels(quota.group, quota.quota.value).inc()
             return
         try:
             with trio.fail_after(self.timings.agreement_timeout_s):
@@ -325,6 +333,7 @@ class Provider:
 
     async def _answer(self, proposal_id: MessageId, terms: Terms) -> Signed[Any]:
         """Refuse, or make room and accept with evidence when the terms need it."""
+        feed_spend(self.selling, self.db, self.market.now_ms())
         refusal = self.selling.screen(proposal_id)
         if refusal is None:
             victims = self.selling.preemption_for(proposal_id)
@@ -499,7 +508,24 @@ class Provider:
         with self.db.atomic():
             self.db.save_receipt(agreement.id, signed.wire)
             self._send(agreement, JobState.RECEIPTED, signed.wire)
-        if self._nursery is not None:  # its capacity is free again: invite waiting bids
+        self._invite()  # its capacity is free again
+
+    def set_quotas(self, quotas: Quotas) -> None:
+        """Apply new quotas from now on (jobs held keep running); bids a looser quota
+        admits now are invited."""
+        self.config = dataclasses.replace(self.config, quotas=quotas)
+        self.selling.quotas = quotas
+        self._invite()
+
+    def quota_use(self) -> list[tuple[Quota, GroupUse]]:
+        """Each quota group with what it holds and spent now."""
+        feed_spend(self.selling, self.db, self.market.now_ms())
+        return group_uses(self.selling)
+
+    def _invite(self) -> None:
+        """Invite the waiting bids our free capacity and the quotas admit now."""
+        if self._nursery is not None:
+            feed_spend(self.selling, self.db, self.market.now_ms())
             self._nursery.start_soon(send_invitations, self.market, self.selling)
 
     def _stop(self, agreement_id: bytes, buyer: PeerId) -> bool:

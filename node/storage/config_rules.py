@@ -16,6 +16,7 @@ from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Any, TypeAlias
 
+from node.storage.quota_config import check_quotas
 from protocol.messages import Arch, Resources
 from protocol.pricing import PRICE_FIELDS, Policy
 from protocol.units import cores, size
@@ -116,6 +117,7 @@ SCHEMA: Table = {
             **{name: _PRICE_RULE for name, _ in PRICE_FIELDS},
         },
         "cost": {"watts": _int(0), "kwh_price": _MONEY, "depreciation_per_hour": _MONEY},
+        "quota": check_quotas,  # [[provider.quota]]: node/storage/quota_config.py
     },
     "s3": {"endpoint": _url, "region": _str},
     "store": {"budget_bytes": _int(0)},

@@ -378,6 +378,14 @@ class Database:
                 (entry.agreement_id, entry.payer, entry.payee, entry.amount, at_ms),
             )
 
+    def paid_to(self, payee: bytes, since_ms: int) -> dict[bytes, int]:
+        """What each payer paid ``payee`` in entries settled from ``since_ms`` (quotas)."""
+        rows = self._rows(
+            "SELECT payer, SUM(amount) FROM ledger WHERE payee = ? AND at_ms >= ? GROUP BY payer",
+            (payee, since_ms),
+        )
+        return {bytes(payer): int(total) for payer, total in rows}
+
     def receipt(self, agreement_id: bytes) -> tuple[bytes, bytes | None] | None:
         """(provider-signed receipt, countersigned receipt or None)."""
         rows = self._rows(

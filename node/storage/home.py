@@ -24,11 +24,12 @@ from __future__ import annotations
 import fcntl
 import os
 import tomllib
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
 from node.storage.config_rules import config_problems
+from node.storage.quota_config import parse_quotas, render_quotas
 from protocol.errors import ProtocolError
 from protocol.identity import PrivateKey
 from protocol.messages import Arch, Gpu, Hardware, Prices, Resources, TrustLevel
@@ -43,6 +44,7 @@ from protocol.pricing import (
     ResourcePricing,
     cost_floor,
 )
+from protocol.quotas import Quotas
 
 __all__ = [
     "DEFAULT_LISTEN",
@@ -117,6 +119,7 @@ class ProviderConfig:
     # cost"); None: not stated in the offer (free).
     ingress_gib: int | None = None
     egress_gib: int | None = None
+    quotas: Quotas = field(default_factory=Quotas)  # [[provider.quota]] (quota_config.py)
 
     def with_gpus(self, gpus: tuple[Gpu, ...]) -> ProviderConfig:
         """This config offering ``gpus`` (what detection found, as shares)."""
@@ -392,6 +395,7 @@ def _parse_provider(p: dict[str, Any]) -> ProviderConfig:
         ingress_gib=int(p["ingress_gib"]) if "ingress_gib" in p else None,
         egress_gib=int(p["egress_gib"]) if "egress_gib" in p else None,
         cost=MachineCost(**{k: int(v) for k, v in p["cost"].items()}) if "cost" in p else None,
+        quotas=parse_quotas(p.get("quota", [])),
     )
 
 
@@ -501,6 +505,7 @@ def _render(c: NodeConfig) -> str:
             )
         )
         parts += _render_pricing(p)
+        parts += [_table("[provider.quota]", q) for q in render_quotas(p.quotas)]
     if c.store_budget_bytes is not None:
         parts.append(_table("store", {"budget_bytes": c.store_budget_bytes}))
     if c.s3 is not None:

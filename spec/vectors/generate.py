@@ -54,7 +54,11 @@ from protocol.messages import (
     JobSpec,
     Offer,
     Prices,
+    QuotaKind,
+    QuotaRefusal,
     RegistryLogin,
+    Reject,
+    RejectReason,
     Resources,
     S3Secret,
     SecretsPlain,
@@ -570,6 +574,31 @@ def sealed_secrets() -> None:
     write("secrets", "sealed-secrets", "spec/messages.md#sealed-secrets", cases)
 
 
+def quota_messages(key: PrivateKey) -> list[dict[str, object]]:
+    """A reject naming the quota it would pass (messages.md, matching.md "Quotas and
+    priorities"), and rejects that name a quota without that reason or the other way."""
+    quota = QuotaRefusal(quota=QuotaKind.CORES, group="students", limit=2000, used=1500)
+    reject = Reject(
+        proposal_id=hashlib.sha256(b"proposal").digest(),
+        reason=RejectReason.QUOTA,
+        detail="quota:cores: group 'students' may hold 2 cores; it has 1.5 cores",
+        quota=quota,
+    )
+    data = to_value(reject)
+    no_quota = {k: v for k, v in data.items() if k != "quota"}
+    invalid = [
+        ("reject for a quota that names none", resigned(key, "reject", no_quota)),
+        ("reject naming a quota for another reason",
+         resigned(key, "reject", {**data, "reason": "no-capacity"})),
+        ("reject naming an unknown quota",
+         resigned(key, "reject", {**data, "quota": {**to_value(quota), "quota": "disks"}})),
+    ]  # fmt: skip
+    return [valid_message(key, "reject for a quota", reject)] + [
+        {"name": n, "valid": False, "wire": w.hex(), "error": reason_of(w, open_signed)}
+        for n, w in invalid
+    ]
+
+
 def messages() -> None:
     key = PrivateKey.from_seed(seed("alice"))
     cases: list[dict[str, object]] = [
@@ -641,6 +670,7 @@ def messages() -> None:
         )
     )
     cases += transfer_messages(key)
+    cases += quota_messages(key)
     write("messages", "messages", "spec/messages.md#test-vectors", cases)
 
 

@@ -58,6 +58,7 @@ class FakeController:
         self.last_wait_s: float | None = None
         self._changed = trio.Event()
         self._next_id = 0xA1B2C300
+        self.quotas: list[dict] | None = None  # a provider's quota groups; None: a buyer
 
     # -- test controls ---------------------------------------------------------------------
 
@@ -82,9 +83,10 @@ class FakeController:
         return {
             "peer_id": "12D3KooWBuyer",
             "addrs": ["/ip4/127.0.0.1/tcp/4001"],
-            "provider": False,
+            "provider": self.quotas is not None,
             "offer": None,
             "version": "0.1.0",
+            "quotas": self.quotas or [],
         }
 
     def peers(self) -> list[dict]:
@@ -110,6 +112,11 @@ class FakeController:
         )
         self.scripts[job_id], self.script = self.script, []
         return self.views[job_id]
+
+    def reload_quotas(self) -> list[dict]:
+        if self.quotas is None:
+            raise ApiError(409, "not-provider", "this node sells nothing, so it has no quotas")
+        return self.quotas
 
     def sold(self) -> list[dict]:
         return [

@@ -98,7 +98,9 @@ async def test_every_request_needs_the_token(server):
 async def test_each_route_answers_with_its_shape(server, tmp_path):
     status, node = await server.request("GET", "/v1/node")
     assert status == 200
-    assert set(node) == {"peer_id", "addrs", "provider", "offer", "version"}
+    assert set(node) == {"peer_id", "addrs", "provider", "offer", "version", "quotas"}
+    status, body = await server.request("POST", "/v1/quotas/reload")  # a buyer has none
+    assert (status, error_code(body)) == (409, "not-provider")
 
     status, peers = await server.request("GET", "/v1/peers")
     assert status == 200
@@ -337,6 +339,7 @@ async def test_the_openapi_document_describes_every_route(server):
         "/v1/dashboard/link",
         "/v1/sold",
         "/v1/jobs/{job_id}/logs/live",
+        "/v1/quotas/reload",
     }
     body = paths["/v1/jobs"]["post"]["requestBody"]["content"]["application/json"]["schema"]
     request = document["components"]["schemas"][body["$ref"].rsplit("/", 1)[1]]

@@ -228,6 +228,35 @@ async def test_check_score_prints_the_verdict_and_exits_by_it(node, cx):
     assert "cannot check" in err
 
 
+async def test_quota_shows_each_groups_use_against_its_limits(node, cx):
+    code, out, _ = await cx("quota")
+    assert (code, out) == (0, "this node sells nothing: it has no quotas\n")
+    code, _, err = await cx("quota", "--reload")
+    assert code == 1, err
+    assert "this node sells nothing, so it has no quotas" in err
+    fake, _ = node
+    fake.quotas = [
+        {
+            "name": "students",
+            "peers": [PEER_A, PEER_B],
+            "priority": 10,
+            "limits": {"cpu_milli": 2000, "memory_bytes": None, "gpus": None, "jobs": 2,
+                       "credits_per_day": 5_000_000},
+            "used": {"cpu_milli": 1500, "memory_bytes": 512 << 20, "gpus": 0, "jobs": 1,
+                     "credits_per_day": 500_000},
+        }
+    ]  # fmt: skip
+    for argv in (["quota"], ["quota", "--reload"], ["status"]):
+        code, out, _ = await cx(*argv)
+        assert code == 0
+        assert (
+            "quota:    students (2 peers, priority 10): cores 1.5/2, memory 512MiB/-, "
+            "gpus 0/-, jobs 1/2, credits today 0.50/5.00"
+        ) in out.splitlines()
+    code, out, _ = await cx("quota", "--reload", "--json")
+    assert json.loads(out) == fake.quotas
+
+
 async def test_run_detach_sends_the_request_and_prints_the_id(node, cx, tmp_path):
     fake, _ = node
     data = tmp_path / "data.csv"

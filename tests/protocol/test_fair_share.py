@@ -5,19 +5,16 @@ least recent usage; and the buyer's side of an invitation (protocol/buying.py)."
 from __future__ import annotations
 
 import pytest
-from factories import HOUR_MS, T0, Nonces, bid, key, offer
+from factories import HOUR_MS, T0, Nonces, bid, end_job, key, offer
 
 from protocol.buying import Buying
 from protocol.envelope import seal
 from protocol.errors import InvalidMessage, Reason
 from protocol.messages import (
     Accept,
-    ExitReason,
     Invitation,
-    JobState,
     Reject,
     RejectReason,
-    Usage,
 )
 from protocol.selling import Selling
 from protocol.trader import Trader
@@ -109,16 +106,7 @@ def test_an_invited_buyer_proposes_to_the_offer_that_once_refused_it():
     # alice's job ends and frees the capacity; the provider invites bob's resting bid
     selling.trader.receive_order(match.bid.wire, now_ms=T0)
     [agreement_id] = selling.agreements
-    for state in (JobState.TRANSFERRING, JobState.RUNNING):
-        selling.status(agreement_id, state, nonce=nonce(), now_ms=T0)
-    selling.issue_receipt(
-        agreement_id,
-        usage=Usage(wall_ms=1000, cpu_us=1000),
-        exit_reason=ExitReason.SUCCESS,
-        exit_code=0,
-        nonce=nonce(),
-        now_ms=T0,
-    )
+    end_job(selling, nonce, agreement_id)
     [invited] = selling.invitations(now_ms=T0)
     invitation = selling.invite(invited, nonce=nonce(), now_ms=T0)
     again = bob.receive_invitation(invitation.wire, now_ms=T0)

@@ -24,7 +24,7 @@ from protocol.messages import (
     Usage,
 )
 from protocol.negotiation import terms_from_match
-from protocol.selling import Selling, choose_preemption
+from protocol.selling import Refusal, Selling, choose_preemption
 from protocol.trader import Trader
 
 
@@ -63,9 +63,8 @@ def test_a_proposal_for_a_replaced_offer_is_refused(market):
     _offer(buyer, provider, nonce)
     proposal_id = _propose(buyer, provider, nonce)
     provider.post_offer(offer(), nonce=nonce(), now_ms=T0 + 1, ttl_ms=HOUR_MS)
-    assert provider.screen(proposal_id) == (
-        RejectReason.UNKNOWN_ORDER,
-        "that offer was replaced by a newer one",
+    assert provider.screen(proposal_id) == Refusal(
+        reason=RejectReason.UNKNOWN_ORDER, detail="that offer was replaced by a newer one"
     )
     reply = provider.accept(proposal_id, evidence=None, nonce=nonce(), now_ms=T0)
     assert isinstance(reply.payload, Reject)
@@ -90,9 +89,8 @@ def test_trust_the_offer_does_not_state_is_refused(market):
     )
     proposal = buyer.propose(match, nonce=nonce(), attestation_nonce=nonce(32), now_ms=T0)
     proposal_id = provider.receive_proposal(proposal.wire, now_ms=T0).id
-    assert provider.screen(proposal_id) == (
-        RejectReason.TRUST_UNAVAILABLE,
-        "this provider cannot attest tpm",
+    assert provider.screen(proposal_id) == Refusal(
+        reason=RejectReason.TRUST_UNAVAILABLE, detail="this provider cannot attest tpm"
     )
     assert _remaining(provider) == posted.payload.capacity
 
@@ -100,7 +98,10 @@ def test_trust_the_offer_does_not_state_is_refused(market):
 @pytest.mark.parametrize(
     ("seal_key", "refusal"),
     [
-        (None, (RejectReason.BAD_TERMS, "this provider takes no sealed secrets")),
+        (
+            None,
+            Refusal(reason=RejectReason.BAD_TERMS, detail="this provider takes no sealed secrets"),
+        ),
         (bytes(32), None),
     ],
 )
