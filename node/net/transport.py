@@ -141,6 +141,11 @@ class Stream(Protocol):
     @property
     def remote_peer(self) -> PeerId: ...
 
+    @property
+    def remote_host(self) -> str | None:
+        """The peer's IP address when this stream runs over a direct TCP connection to it
+        (what a direct channel dials, spec/content.md); None when relayed or in memory."""
+
     async def send_all(self, data: bytes) -> None:
         """Raises StreamClosed if the stream is gone."""
 
