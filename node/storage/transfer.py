@@ -38,12 +38,14 @@ import contextlib
 import enum
 import json
 import logging
+import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import trio
 
+from node.net.direct import connect_channel
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -55,7 +57,15 @@ from node.net.transport import (
     StreamClosed,
 )
 from node.storage.store import BlobStore, CorruptBlob, StoreError
+from node.storage.transfer_direct import DirectServer
 from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
+from protocol.direct import (
+    NONCE_SIZE,
+    decode_offer,
+    derive_keys,
+    direct_request,
+    parse_direct_request,
+)
 from protocol.encoding import Value, decode, encode
 from protocol.errors import ProtocolError
 from protocol.messages import check_digest
@@ -123,27 +133,41 @@ def _misbehaved(exc: BaseException) -> bool:
 # -- serving ---------------------------------------------------------------------------------
 
 
-def serve_blobs(net: Network, store: BlobStore) -> None:
-    """Answer ``/cx/blob/1`` requests from ``store``.
+def serve_blobs(net: Network, store: BlobStore, *, direct: bool = True) -> DirectServer | None:
+    """Answer ``/cx/blob/1`` requests from ``store``, offering direct channels unless
+    ``direct`` is false (then requesters keep to libp2p streams). Returns what serves the
+    direct channels, if offered.
 
     Raises LocalNetworkError(DUPLICATE_HANDLER) if the protocol is already served.
     """
 
+    async def serve_channel(framed: FramedStream) -> None:
+        await _serve_stream(store, framed)
+
+    channels = DirectServer(net.peer_id, serve_channel, max_frame=MAX_FRAME) if direct else None
+
     async def handler(stream: Stream) -> None:
         try:
-            await _serve_stream(store, FramedStream(stream, max_frame=MAX_FRAME))
+            await _serve_stream(store, FramedStream(stream, max_frame=MAX_FRAME), channels)
         except NetworkError as exc:  # the requester went away or broke the framing
             logger.debug("blob stream from %s ended: %s", stream.remote_peer, exc)
         except StoreError as exc:  # the blob went, or was found corrupt, mid-request
             logger.warning("stopped serving %s: %s", stream.remote_peer, exc)
 
     net.serve(BLOB_PROTOCOL, handler)
+    return channels
 
 
-async def _serve_stream(store: BlobStore, framed: FramedStream) -> None:
+async def _serve_stream(
+    store: BlobStore, framed: FramedStream, direct: DirectServer | None = None
+) -> None:
     while (frame := await framed.receive_frame()) is not None:
         try:
-            op, blob, indices = _parse_request(frame)
+            request = _decode_request(frame)
+            if direct is not None and request.get("op") == "direct":
+                await direct.serve(framed, parse_direct_request(request))
+                return  # the stream's job ends with the channel
+            op, blob, indices = _parse_request(request)
         except (ProtocolError, ValueError) as exc:
             await _send_status(framed, error="bad-request", message=str(exc))
             return
@@ -168,10 +192,14 @@ async def _serve_stream(store: BlobStore, framed: FramedStream) -> None:
             store.traffic["sent"] += len(data)
 
 
-def _parse_request(frame: bytes) -> tuple[str, str, list[int]]:
+def _decode_request(frame: bytes) -> dict[str, Value]:
     request = decode(frame)
     if not isinstance(request, dict):
         raise ValueError("a request is a map")
+    return request
+
+
+def _parse_request(request: dict[str, Value]) -> tuple[str, str, list[int]]:
     op, blob = request.get("op"), request.get("blob")
     if not isinstance(blob, str):
         raise ValueError("blob must be a digest")
@@ -272,9 +300,13 @@ class _Transfer:
         missing: list[int],
         progress: Progress | None,
         on_bad_peer: BadPeer | None,
+        *,
+        direct: bool,
     ) -> None:
         self.net, self.store, self.manifest = net, store, manifest
         self.progress, self.on_bad_peer = progress, on_bad_peer
+        # Peers whose direct channel could not be opened keep to libp2p streams.
+        self.direct, self.no_direct = direct, set[PeerId]()
         self.queue = deque(missing)
         self.in_flight = 0
         self.done_bytes = manifest.size - sum(manifest.span(i)[1] for i in missing)
@@ -323,7 +355,7 @@ class _Transfer:
         try:
             if not batch and not (batch := await self._claim(peer)):
                 return
-            async with _open(self.net, peer) as framed:
+            async with self._open_for_chunks(peer) as framed:
                 while batch:
                     await self._fetch(framed, batch)
                     batch = await self._claim(peer)
@@ -331,6 +363,44 @@ class _Transfer:
             self._drop(peer, exc)
         finally:
             self._release(batch)
+
+    @contextlib.asynccontextmanager
+    async def _open_for_chunks(self, peer: PeerId) -> AsyncIterator[FramedStream]:
+        """A direct channel to ``peer`` when one opens, else a libp2p stream."""
+        direct = None
+        if self.direct and peer not in self.no_direct:
+            direct = await self._open_direct(peer)
+        if direct is None:
+            async with _open(self.net, peer) as framed:
+                yield framed
+            return
+        control, channel = direct
+        try:
+            yield channel
+        finally:
+            await channel.aclose()
+            await control.aclose()
+
+    async def _open_direct(self, peer: PeerId) -> tuple[FramedStream, FramedStream] | None:
+        """Negotiate a direct channel on a new stream (spec/content.md, "Direct channel"):
+        the stream, kept open while the channel lives, and the channel; None if refused
+        or if it cannot be reached, and then ``peer`` keeps to libp2p streams."""
+        control = FramedStream(await self.net.open_stream(peer, BLOB_PROTOCOL), max_frame=MAX_FRAME)
+        try:
+            if (host := control.stream.remote_host) is None:
+                raise _Refused("no direct TCP path to it")
+            nonce = secrets.token_bytes(NONCE_SIZE)
+            await _request(control, direct_request(nonce))
+            with trio.fail_after(CHUNK_TIMEOUT):
+                offer = decode_offer(await _body(control))
+            keys = derive_keys(nonce, offer.nonce, self.net.peer_id, peer, we_request=True)
+            channel = await connect_channel(host, offer.port, keys, peer)
+        except _PEER_FAILURES as exc:
+            await control.aclose()
+            self.no_direct.add(peer)
+            logger.info("no direct channel to %s, using libp2p streams: %s", peer, exc)
+            return None
+        return control, FramedStream(channel, max_frame=MAX_FRAME)
 
     async def _fetch(self, framed: FramedStream, batch: list[int]) -> None:
         """Fetch and store ``batch``, removing each index from it once stored."""
@@ -377,9 +447,12 @@ async def fetch_blob(
     *,
     progress: Progress | None = None,
     on_bad_peer: BadPeer | None = None,
+    direct: bool = True,
 ) -> str:
     """Fetch blob ``digest`` from ``peers`` into ``store`` (a no-op if it is there already).
 
+    Chunks travel over direct channels where the peers offer them, else (or with
+    ``direct`` false) over libp2p streams.
     Only chunks the store lacks are fetched, so an interrupted transfer resumes. A second
     fetch of the same blob into the same store waits for the first. Returns ``digest``.
     Raises TransferError (NOT_FOUND, ALL_PEERS_FAILED, FALSE_MANIFEST), OSError if the
@@ -390,7 +463,7 @@ async def fetch_blob(
     lock = _FETCHING.setdefault(key, trio.Lock())
     try:
         async with lock:
-            return await _fetch_blob(net, store, digest, peers, progress, on_bad_peer)
+            return await _fetch_blob(net, store, digest, peers, progress, on_bad_peer, direct)
     finally:
         if not lock.locked() and not lock.statistics().tasks_waiting:
             _FETCHING.pop(key, None)
@@ -403,6 +476,7 @@ async def _fetch_blob(
     peers: Sequence[PeerId],
     progress: Progress | None,
     on_bad_peer: BadPeer | None,
+    direct: bool,
 ) -> str:
     if store.has(digest):
         return digest
@@ -416,7 +490,7 @@ async def _fetch_blob(
         # Every chunk was recorded but the blob never finished (a crash just before):
         # storing any chunk again makes the store finish it.
         missing = [0]
-    transfer = _Transfer(net, store, manifest, missing, progress, on_bad_peer)
+    transfer = _Transfer(net, store, manifest, missing, progress, on_bad_peer, direct=direct)
     await transfer.run(peers)
     if isinstance(transfer.fatal, OSError):
         raise transfer.fatal
@@ -450,6 +524,7 @@ async def fetch_image(
     *,
     progress: Progress | None = None,
     on_bad_peer: BadPeer | None = None,
+    direct: bool = True,
 ) -> None:
     """Fetch the OCI image named by ``manifest_digest`` (its manifest, config and layers)
     and pin it under ``image/<hex>`` as ``import`` does.
@@ -457,7 +532,7 @@ async def fetch_image(
     ``progress`` counts the bytes of the config and layers. Raises TransferError
     (BAD_IMAGE when the manifest is malformed or a blob's size is not its descriptor's).
     """
-    await fetch_blob(net, store, manifest_digest, peers, on_bad_peer=on_bad_peer)
+    await fetch_blob(net, store, manifest_digest, peers, on_bad_peer=on_bad_peer, direct=direct)
     blobs = await trio.to_thread.run_sync(_image_blobs, store, manifest_digest)
     total, done = sum(blobs.values()), 0
 
@@ -466,7 +541,9 @@ async def fetch_image(
             progress(done + got, total)
 
     for digest, size in blobs.items():
-        await fetch_blob(net, store, digest, peers, progress=report, on_bad_peer=on_bad_peer)
+        await fetch_blob(
+            net, store, digest, peers, progress=report, on_bad_peer=on_bad_peer, direct=direct
+        )
         if (actual := store.size(digest)) != size:
             raise TransferError(
                 TransferReason.BAD_IMAGE,
