@@ -63,7 +63,16 @@ _SOCKET_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
 class SealedStream:
     """A :class:`~node.net.transport.Stream` whose bytes travel as sealed records."""
 
-    __slots__ = ("_idle", "_opener", "_pending", "_remote", "_sealer", "_socket")
+    __slots__ = (
+        "_busy",
+        "_idle",
+        "_inbox",
+        "_opener",
+        "_pending",
+        "_remote",
+        "_sealer",
+        "_socket",
+    )
 
     def __init__(
         self,
@@ -78,6 +87,9 @@ class SealedStream:
         self._remote = remote
         self._idle = idle_timeout
         self._pending = memoryview(b"")
+        self._inbox = bytearray(RECORD_HEADER)  # reused for every record received
+        # The sealer and the inbox reuse their buffers: one send and one receive at a time.
+        self._busy: set[str] = set()
 
     @property
     def remote_peer(self) -> PeerId:
@@ -89,16 +101,15 @@ class SealedStream:
 
     async def send_all(self, data: bytes) -> None:
         view = memoryview(data)
-        for start in range(0, len(view), MAX_RECORD):
-            record = self._sealer.seal(view[start : start + MAX_RECORD])
-            with self._bounded("send"):
-                await self._socket.send_all(memoryview(record))
+        with self._bounded("send"):
+            for start in range(0, len(view), MAX_RECORD):
+                await self._socket.send_all(self._sealer.seal(view[start : start + MAX_RECORD]))
 
     async def receive_some(self, max_bytes: int = 65536) -> bytes:
         if not self._pending:
             record = await self.receive_record()
-            if not record:
-                return b""
+            if len(record) <= max_bytes:  # a whole record, not copied (a blob chunk)
+                return record
             self._pending = memoryview(record)
         part, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
         return bytes(part)
@@ -106,34 +117,39 @@ class SealedStream:
     async def receive_record(self) -> bytes:
         """The next record's plaintext, whole; ``b""`` at a clean end of the connection."""
         with self._bounded("receive"):
-            header = await self._read_exactly(RECORD_HEADER, eof_ok=True)
-            if header is None:
+            if not await self._read_into_inbox(RECORD_HEADER, eof_ok=True):
                 return b""
             try:
-                size = Opener.record_size(header)
-                return self._opener.open(await self._read_exactly(size, eof_ok=False) or b"")
+                size = Opener.record_size(self._inbox[:RECORD_HEADER])
+                await self._read_into_inbox(size, eof_ok=False)
+                return self._opener.open(memoryview(self._inbox)[:size])
             except InvalidMessage as exc:
                 await self.aclose()
                 raise RemoteNetworkError(
                     NetReason.BAD_FRAME, f"direct channel from {self._remote}: {exc}"
                 ) from exc
 
-    async def _read_exactly(self, size: int, *, eof_ok: bool) -> bytearray | None:
-        buffer = bytearray(size)
-        view, got = memoryview(buffer), 0
+    async def _read_into_inbox(self, size: int, *, eof_ok: bool) -> bool:
+        """Fill the inbox's first ``size`` bytes; False at a clean end (``eof_ok``)."""
+        if len(self._inbox) < size:
+            self._inbox = bytearray(size)  # grows to the largest record seen, once
+        view, got = memoryview(self._inbox), 0
         while got < size:
-            n = await self._socket.socket.recv_into(view[got:])
+            n = await self._socket.socket.recv_into(view[got:size])
             if n == 0:
                 if got == 0 and eof_ok:
-                    return None
+                    return False
                 raise StreamClosed(NetReason.CLOSED, "the direct channel ended inside a record")
             got += n
-        return buffer
+        return True
 
     @contextlib.contextmanager
     def _bounded(self, what: str) -> Iterator[None]:
         """Socket errors and the idle timeout of one send or receive become StreamClosed."""
         where = f"direct channel {what} with {self._remote}"
+        if what in self._busy:  # a second task would overwrite the buffer of the first
+            raise trio.BusyResourceError(f"another task is already in a {where}")
+        self._busy.add(what)
         try:
             with trio.fail_after(self._idle):
                 yield
@@ -141,6 +157,8 @@ class SealedStream:
             raise StreamClosed(NetReason.CLOSED, f"{where}: idle for {self._idle} s") from exc
         except _SOCKET_ERRORS as exc:
             raise StreamClosed(NetReason.CLOSED, f"{where}: {exc}") from exc
+        finally:
+            self._busy.discard(what)
 
     async def aclose(self) -> None:
         with contextlib.suppress(*_SOCKET_ERRORS):
@@ -187,9 +205,7 @@ async def accept_channel(
                     await channel.aclose()
 
 
-async def connect_channel(
-    host: str, port: int, keys: DirectKeys, remote: PeerId
-) -> SealedStream:
+async def connect_channel(host: str, port: int, keys: DirectKeys, remote: PeerId) -> SealedStream:
     """Dial the channel ``remote`` offered and check its hello, within HELLO_TIMEOUT.
 
     Raises DialError.
