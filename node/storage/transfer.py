@@ -367,40 +367,39 @@ class _Transfer:
     @contextlib.asynccontextmanager
     async def _open_for_chunks(self, peer: PeerId) -> AsyncIterator[FramedStream]:
         """A direct channel to ``peer`` when one opens, else a libp2p stream."""
-        direct = None
-        if self.direct and peer not in self.no_direct:
-            direct = await self._open_direct(peer)
-        if direct is None:
-            async with _open(self.net, peer) as framed:
-                yield framed
-            return
-        control, channel = direct
-        try:
-            yield channel
-        finally:
-            await channel.aclose()
-            await control.aclose()
+        async with _open(self.net, peer) as stream:
+            host = stream.stream.remote_host
+            if not self.direct or peer in self.no_direct or host is None:
+                yield stream
+                return
+            channel = await self._open_direct(stream, peer, host)
+            if channel is not None:
+                try:
+                    yield channel  # the stream stays open while the channel lives (rule 21)
+                finally:
+                    await channel.aclose()
+                return
+        async with _open(self.net, peer) as stream:  # the server ended the refused one
+            yield stream
 
-    async def _open_direct(self, peer: PeerId) -> tuple[FramedStream, FramedStream] | None:
-        """Negotiate a direct channel on a new stream (spec/content.md, "Direct channel"):
-        the stream, kept open while the channel lives, and the channel; None if refused
-        or if it cannot be reached, and then ``peer`` keeps to libp2p streams."""
-        control = FramedStream(await self.net.open_stream(peer, BLOB_PROTOCOL), max_frame=MAX_FRAME)
+    async def _open_direct(
+        self, stream: FramedStream, peer: PeerId, host: str
+    ) -> FramedStream | None:
+        """Negotiate a direct channel on ``stream`` (spec/content.md, "Direct channel");
+        None if it is refused or cannot be reached, and then ``peer`` keeps to libp2p
+        streams for this transfer (not reported: a middlebox may be at fault)."""
         try:
-            if (host := control.stream.remote_host) is None:
-                raise _Refused("no direct TCP path to it")
             nonce = secrets.token_bytes(NONCE_SIZE)
-            await _request(control, direct_request(nonce))
+            await _request(stream, direct_request(nonce))
             with trio.fail_after(CHUNK_TIMEOUT):
-                offer = decode_offer(await _body(control))
+                offer = decode_offer(await _body(stream))
             keys = derive_keys(nonce, offer.nonce, self.net.peer_id, peer, we_request=True)
             channel = await connect_channel(host, offer.port, keys, peer)
         except _PEER_FAILURES as exc:
-            await control.aclose()
             self.no_direct.add(peer)
             logger.info("no direct channel to %s, using libp2p streams: %s", peer, exc)
             return None
-        return control, FramedStream(channel, max_frame=MAX_FRAME)
+        return FramedStream(channel, max_frame=MAX_FRAME)
 
     async def _fetch(self, framed: FramedStream, batch: list[int]) -> None:
         """Fetch and store ``batch``, removing each index from it once stored."""

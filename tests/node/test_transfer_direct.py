@@ -23,11 +23,13 @@ from node.net.direct import (
     open_listener,
 )
 from node.net.p2p import P2PNetwork, serve_network
-from node.net.transport import DialError, RemoteNetworkError
+from node.net.transport import DialError, FramedStream, RemoteNetworkError
 from node.storage.store import BlobStore
-from node.storage.transfer import fetch_blob, serve_blobs
+from node.storage.transfer import BLOB_PROTOCOL, fetch_blob, serve_blobs
+from node.storage.transfer_direct import MAX_PER_PEER
 from protocol.content import CHUNK_SIZE
-from protocol.direct import MAX_RECORD, TAG_SIZE, derive_keys
+from protocol.direct import MAX_RECORD, TAG_SIZE, derive_keys, direct_request
+from protocol.encoding import decode, encode
 from protocol.identity import PrivateKey
 
 pytestmark = pytest.mark.integration
@@ -156,3 +158,22 @@ async def test_a_tampered_record_drops_the_channel():
         with pytest.raises(RemoteNetworkError, match="did not open"):
             await server.receive_some()
         await requester.aclose()
+
+
+async def test_a_peer_cannot_hold_more_than_its_share_of_channels(tmp_path):
+    """Offers the requester never takes up count against it until they lapse: past
+    MAX_PER_PEER outstanding ones, the server answers no-direct at once."""
+    async with two_nodes() as (a, b):
+        serve_blobs(a, BlobStore(tmp_path / "a"))
+        streams = []
+        for _ in range(MAX_PER_PEER):
+            framed = FramedStream(await b.open_stream(a.peer_id, BLOB_PROTOCOL))
+            await framed.send_frame(encode(direct_request(secrets.token_bytes(32))))
+            assert decode(await framed.receive_frame() or b"") == {"ok": True}
+            streams.append(framed)
+        framed = FramedStream(await b.open_stream(a.peer_id, BLOB_PROTOCOL))
+        await framed.send_frame(encode(direct_request(secrets.token_bytes(32))))
+        refusal = decode(await framed.receive_frame() or b"")
+        assert isinstance(refusal, dict)
+        assert refusal["error"] == "no-direct"
+        assert await framed.receive_frame() is None  # and the stream ends
