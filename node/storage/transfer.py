@@ -14,6 +14,11 @@ Rules:
   every peer at once, over several streams per peer, each asking for a few chunks at a
   time: one yamux stream alone stays far below the link (PLATFORM.md). The first batches
   are dealt round-robin over the peers; then idle streams take what is left.
+- Direct channels (spec/content.md, "Direct channel"; node/storage/transfer_direct.py
+  serves them): each stream for chunks first asks its peer for one and, if it opens,
+  fetches over it instead, the negotiating stream held open beside it. A peer that
+  cannot give one (relayed, refused, unreachable, a server that predates them) keeps to
+  libp2p streams for the rest of the transfer. Chunks are verified the same either way.
 - A peer that is unreachable, breaks the wire rules, stalls, or sends a chunk that fails
   verification is dropped for this transfer and its unfinished chunks go to the others.
   Those that misbehaved (not those that merely failed) are reported to ``on_bad_peer``.
@@ -353,12 +358,13 @@ class _Transfer:
 
     async def _worker(self, peer: PeerId, batch: list[int]) -> None:
         try:
-            if not batch and not (batch := await self._claim(peer)):
-                return
-            async with self._open_for_chunks(peer) as framed:
-                while batch:
-                    await self._fetch(framed, batch)
-                    batch = await self._claim(peer)
+            while batch or (batch := await self._claim(peer)):
+                # Held only while there is work at once: a worker waiting for chunks a
+                # failing peer may hand back holds no channel the server would idle out.
+                async with self._open_for_chunks(peer) as framed:
+                    while batch:
+                        await self._fetch(framed, batch)
+                        batch = self._take() if self.queue and peer not in self.dropped else []
         except _PEER_FAILURES as exc:
             self._drop(peer, exc)
         finally:

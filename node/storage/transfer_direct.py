@@ -73,7 +73,7 @@ class DirectServer:
         peer, host = framed.stream.remote_peer, framed.stream.remote_host
         if host is None or not self._admit(peer):
             why = "no direct TCP path" if host is None else "too many direct channels"
-            await framed.send_frame(encode({"error": "no-direct", "message": why}))
+            await _refuse(framed, why)
             return
         try:
             await self._offer_and_serve(framed, requester_nonce, peer, host)
@@ -85,7 +85,12 @@ class DirectServer:
     ) -> None:
         nonce = secrets.token_bytes(NONCE_SIZE)
         keys = derive_keys(requester_nonce, nonce, peer, self.local, we_request=False)
-        listener = await open_listener(host)
+        try:
+            listener = await open_listener(host)
+        except (OSError, ValueError) as exc:  # no port left, too many files, an odd address
+            logger.warning("cannot listen for a direct channel to %s at %s: %s", peer, host, exc)
+            await _refuse(framed, "cannot listen")
+            return
         channel: SealedStream | None = None
         try:
             offer = DirectOffer(nonce=nonce, port=listener_port(listener))
@@ -93,6 +98,8 @@ class DirectServer:
             await framed.send_frame(offer.encode())
             with trio.move_on_after(ACCEPT_TIMEOUT):
                 channel = await accept_channel(listener, keys, peer, idle_timeout=IDLE_TIMEOUT)
+        except OSError as exc:  # accept failed (out of file descriptors): no channel
+            logger.warning("direct channel to %s not accepted: %s", peer, exc)
         finally:
             await listener.aclose()
         if channel is None:
@@ -103,3 +110,7 @@ class DirectServer:
             await self._serve(FramedStream(channel, max_frame=self._max_frame))
         finally:
             await channel.aclose()
+
+
+async def _refuse(framed: FramedStream, why: str) -> None:
+    await framed.send_frame(encode({"error": "no-direct", "message": why}))
