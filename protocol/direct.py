@@ -170,10 +170,11 @@ class Opener:
         self._counter = 0
 
     @staticmethod
-    def record_size(header: bytes | bytearray) -> int:
-        """The ciphertext length a record header announces. Raises InvalidMessage(TOO_LARGE)."""
+    def record_size(header: bytes | bytearray, *, limit: int = MAX_RECORD) -> int:
+        """The ciphertext length a record header announces, for a plaintext of at most
+        ``limit`` bytes. Raises InvalidMessage(TOO_LARGE)."""
         size: int = _LENGTH.unpack(header)[0]
-        if not TAG_SIZE < size <= MAX_RECORD + TAG_SIZE:
+        if not TAG_SIZE < size <= min(limit, MAX_RECORD) + TAG_SIZE:
             raise InvalidMessage(Reason.TOO_LARGE, f"a direct record of {size} bytes")
         return size
 

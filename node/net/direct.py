@@ -58,6 +58,7 @@ logger = logging.getLogger(__name__)
 
 HELLO_TIMEOUT = 5.0  # seconds for one connection to open the requester's hello
 _SOCKET_ERRORS = (OSError, trio.BrokenResourceError, trio.ClosedResourceError)
+_HELLO_LIMIT = max(len(REQUESTER_HELLO), len(SERVER_HELLO))
 
 
 class SealedStream:
@@ -114,13 +115,14 @@ class SealedStream:
         part, self._pending = self._pending[:max_bytes], self._pending[max_bytes:]
         return bytes(part)
 
-    async def receive_record(self) -> bytes:
-        """The next record's plaintext, whole; ``b""`` at a clean end of the connection."""
+    async def receive_record(self, *, limit: int = MAX_RECORD) -> bytes:
+        """The next record's plaintext, whole; ``b""`` at a clean end of the connection.
+        A record announcing more than ``limit`` bytes is refused before it is read."""
         with self._bounded("receive"):
             if not await self._read_into_inbox(RECORD_HEADER, eof_ok=True):
                 return b""
             try:
-                size = Opener.record_size(self._inbox[:RECORD_HEADER])
+                size = Opener.record_size(self._inbox[:RECORD_HEADER], limit=limit)
                 await self._read_into_inbox(size, eof_ok=False)
                 return self._opener.open(memoryview(self._inbox)[:size])
             except InvalidMessage as exc:
@@ -192,7 +194,8 @@ async def accept_channel(
         proven = False
         try:
             with trio.fail_after(HELLO_TIMEOUT):
-                if await channel.receive_record() != REQUESTER_HELLO:
+                # The hello's size: an unproven connection makes us buffer no more.
+                if await channel.receive_record(limit=_HELLO_LIMIT) != REQUESTER_HELLO:
                     raise RemoteNetworkError(NetReason.BAD_FRAME, "not the requester's hello")
                 await channel.send_all(SERVER_HELLO)
             proven = True
@@ -216,7 +219,7 @@ async def connect_channel(host: str, port: int, keys: DirectKeys, remote: PeerId
             proven = False
             try:
                 await channel.send_all(REQUESTER_HELLO)
-                if await channel.receive_record() != SERVER_HELLO:
+                if await channel.receive_record(limit=_HELLO_LIMIT) != SERVER_HELLO:
                     raise RemoteNetworkError(NetReason.BAD_FRAME, "not the server's hello")
                 proven = True
             finally:

@@ -27,9 +27,11 @@ This is the only module of the project that imports libp2p. Each pitfall of 0.8.
 - ``Pubsub.publish`` never yields: the publisher checkpoints after each bundle.
 - Stream throughput is CPU-bound in py-libp2p (bench/transfer.py), and two yamux defaults
   of 0.8.1 cost about 1 ms of CPU per MB on each side. Both have no parameter and are set
-  in :func:`_tune_yamux`, with :func:`_deepen_pubsub_queues` the only changes this module
-  makes to libp2p; each is process-wide, idempotent, read by libp2p at call time, and
-  pinned by a test.
+  in :func:`_tune_yamux`; with :func:`_deepen_pubsub_queues` and
+  :func:`_defer_read_loop_writes` ("Bulk data both ways") they are the only changes this
+  module makes to libp2p; each is process-wide, idempotent, read by libp2p at call time,
+  and pinned by a test. Bulk blob transfer leaves libp2p for direct channels where it can
+  (node/net/direct.py).
 
   - Frame size: yamux's ``MAX_MESSAGE_SIZE`` (64 KiB, header included) exceeds a Noise
     message (65535 - 16 tag = 65519 bytes of plaintext), so each full DATA frame was
@@ -295,7 +297,8 @@ def _deepen_pubsub_queues(tuning: GossipTuning) -> None:
 
 
 def _tune_yamux() -> None:
-    """Send each yamux DATA frame as one Noise message, and window updates in batches.
+    """Send each yamux DATA frame as one Noise message, window updates in batches, and
+    the read loop's control replies from a writer task of their own.
 
     Both settings are explained in the module docstring ("Stream throughput").
     ``Yamux``/``YamuxStream`` take no options, and 0.8.1 reads both at call time:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import contextlib
 import logging
 import secrets
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Awaitable, Callable
 from functools import partial
 
 import pytest
@@ -104,13 +104,14 @@ async def test_requester_keeps_to_libp2p_when_the_server_offers_no_channel(tmp_p
     assert "no direct channel" in caplog.text
 
 
-async def _connected_pair(*, wrong_first: bool = False) -> tuple[SealedStream, SealedStream]:
+async def _connected_pair(
+    intruder: Callable[[int], Awaitable[None]] | None = None,
+) -> tuple[SealedStream, SealedStream]:
     """A requester's and a server's channel over real TCP, keys negotiated as transfer does;
-    with ``wrong_first``, a connection with the wrong key is tried (and refused) first."""
+    ``intruder(port)`` connects to the server's port first, and is refused."""
     nonce_c, nonce_s = secrets.token_bytes(32), secrets.token_bytes(32)
     server_keys = derive_keys(nonce_c, nonce_s, B.peer_id, A.peer_id, we_request=False)
     client_keys = derive_keys(nonce_c, nonce_s, B.peer_id, A.peer_id, we_request=True)
-    wrong = derive_keys(b"\x00" * 32, nonce_s, B.peer_id, A.peer_id, we_request=True)
     accepted: list[SealedStream] = []
     listener = await open_listener("127.0.0.1")
     port = listener_port(listener)
@@ -120,17 +121,39 @@ async def _connected_pair(*, wrong_first: bool = False) -> tuple[SealedStream, S
 
     async with trio.open_nursery() as nursery:
         nursery.start_soon(serve)
-        if wrong_first:
-            with pytest.raises(DialError):
-                await connect_channel("127.0.0.1", port, wrong, A.peer_id)
+        if intruder is not None:
+            await intruder(port)
         channel = await connect_channel("127.0.0.1", port, client_keys, A.peer_id)
     await listener.aclose()
     return channel, accepted[0]
 
 
-async def test_a_connection_without_the_key_is_dropped_and_the_requester_gets_in():
+async def _wrong_key(port: int) -> None:
+    wrong = derive_keys(b"\x00" * 32, b"\x01" * 32, B.peer_id, A.peer_id, we_request=True)
+    with pytest.raises(DialError):
+        await connect_channel("127.0.0.1", port, wrong, A.peer_id)
+
+
+async def _oversized_hello(port: int) -> None:
+    """Announce a full-size record as the hello: dropped before the server buffers it."""
+    raw = await trio.open_tcp_stream("127.0.0.1", port)
+    await raw.send_all(MAX_RECORD.to_bytes(4, "big"))
+    assert await raw.receive_some() == b""  # the server closed it
+    await raw.aclose()
+
+
+@pytest.mark.parametrize(
+    ("intruder", "why"),
+    [(_wrong_key, "did not open"), (_oversized_hello, f"direct record of {MAX_RECORD} bytes")],
+)
+async def test_a_connection_without_the_key_is_dropped_and_the_requester_gets_in(
+    intruder, why, caplog
+):
+    caplog.set_level(logging.INFO, logger="node.net.direct")
     with trio.fail_after(BOUND):
-        requester, server = await _connected_pair(wrong_first=True)
+        requester, server = await _connected_pair(intruder)
+        # Dropped for what it sent, not for running out of time.
+        assert why in caplog.text
         await requester.send_all(b"ping")
         assert await server.receive_some() == b"ping"
         await requester.aclose()
