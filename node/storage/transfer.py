@@ -17,8 +17,9 @@ Rules:
 - Direct channels (spec/content.md, "Direct channel"; node/storage/transfer_direct.py
   serves them): each stream for chunks first asks its peer for one and, if it opens,
   fetches over it instead, the negotiating stream held open beside it. A peer that
-  cannot give one (relayed, refused, unreachable, a server that predates them) keeps to
-  libp2p streams for the rest of the transfer. Chunks are verified the same either way.
+  cannot give one (relayed, refused, unreachable, a server that predates them), or
+  whose channel breaks, keeps to libp2p streams for the rest of the transfer. Chunks are
+  verified the same either way.
 - A peer that is unreachable, breaks the wire rules, stalls, or sends a chunk that fails
   verification is dropped for this transfer and its unfinished chunks go to the others.
   Those that misbehaved (not those that merely failed) are reported to ``on_bad_peer``.
@@ -50,7 +51,7 @@ from typing import Any, cast
 
 import trio
 
-from node.net.direct import connect_channel
+from node.net.direct import SealedStream, connect_channel
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -362,9 +363,17 @@ class _Transfer:
                 # Held only while there is work at once: a worker waiting for chunks a
                 # failing peer may hand back holds no channel the server would idle out.
                 async with self._open_for_chunks(peer) as framed:
-                    while batch:
-                        await self._fetch(framed, batch)
-                        batch = self._take() if self.queue and peer not in self.dropped else []
+                    try:
+                        while batch:
+                            await self._fetch(framed, batch)
+                            batch = self._take() if self.queue and peer not in self.dropped else []
+                    except NetworkError as exc:
+                        if not isinstance(framed.stream, SealedStream):
+                            raise
+                        # The channel broke, not necessarily the peer: what is left of the
+                        # batch goes over libp2p streams (chunks stored stay stored).
+                        self.no_direct.add(peer)
+                        logger.info("direct channel to %s broke, using libp2p: %s", peer, exc)
         except _PEER_FAILURES as exc:
             self._drop(peer, exc)
         finally:

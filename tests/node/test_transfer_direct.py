@@ -24,10 +24,10 @@ from node.net.direct import (
 )
 from node.net.p2p import P2PNetwork, serve_network
 from node.net.transport import DialError, FramedStream, RemoteNetworkError
-from node.storage.store import BlobStore
+from node.storage.store import BlobNotFound, BlobStore
 from node.storage.transfer import BLOB_PROTOCOL, fetch_blob, serve_blobs
 from node.storage.transfer_direct import MAX_PER_PEER
-from protocol.content import CHUNK_SIZE
+from protocol.content import CHUNK_SIZE, ChunkManifest
 from protocol.direct import MAX_RECORD, TAG_SIZE, derive_keys, direct_request
 from protocol.encoding import decode, encode
 from protocol.identity import PrivateKey
@@ -90,6 +90,32 @@ async def test_blobs_move_both_ways_at_once(tmp_path, direct):
         assert all(c is not None and c.opened >= 1 for c in channels)
     else:
         assert channels == [None, None]
+
+
+class OnceFailingStore(BlobStore):
+    """Fails to read chunk 1 once (the blob vanished, say), ending the channel serving it."""
+
+    failed = False
+
+    def read_chunk(self, manifest: ChunkManifest, index: int) -> bytes:
+        if index == 1 and not self.failed:
+            self.failed = True
+            raise BlobNotFound(manifest.blob)
+        return super().read_chunk(manifest, index)
+
+
+async def test_a_channel_that_breaks_mid_transfer_gives_way_to_libp2p(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="node")
+    data = content(3 * CHUNK_SIZE, seed=6)
+    sender, receiver = OnceFailingStore(tmp_path / "a"), BlobStore(tmp_path / "b")
+    digest = sender.put_bytes(data)
+    async with two_nodes() as (a, b):
+        serve_blobs(a, sender)
+        await fetch_blob(b, receiver, digest, [a.peer_id])
+    assert receiver.read_bytes(digest) == data
+    assert sender.failed
+    assert "direct channel to" in caplog.text
+    assert "broke, using libp2p" in caplog.text
 
 
 async def test_requester_keeps_to_libp2p_when_the_server_offers_no_channel(tmp_path, caplog):
