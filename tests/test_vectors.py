@@ -15,6 +15,14 @@ sys.path.insert(0, str(VECTORS))
 from tagged import from_json
 
 from protocol.book import OrderBook
+from protocol.direct import (
+    Opener,
+    Sealer,
+    decode_offer,
+    derive_keys,
+    direct_request,
+    parse_direct_request,
+)
 from protocol.elastic import cpu_grant, memory_step
 from protocol.encoding import decode, encode
 from protocol.envelope import MESSAGE_TYPES, open_signed, seal
@@ -284,6 +292,48 @@ def check_sealed_secrets(case):
     plain = open_secrets(box, recipient, agreement_id=agreement)
     assert to_value(plain) == from_json(case["plaintext"])
     assert encode_secrets(plain) == encode(from_json(case["plaintext"]))
+
+
+def _open_record(opener, record):
+    size = Opener.record_size(record[:4])
+    assert len(record) == 4 + size
+    return opener.open(record[4:])
+
+
+def check_direct_channel(case):
+    if not case["valid"]:
+        data = bytes.fromhex(case["data"])
+        if case["check"] == "record":
+            opener = Opener(bytes.fromhex(case["key"]))
+            for record in case["before"]:
+                _open_record(opener, bytes.fromhex(record))
+            with pytest.raises(InvalidMessage) as info:
+                _open_record(opener, data)
+        else:
+            parse = (
+                decode_offer
+                if case["check"] == "offer"
+                else lambda b: parse_direct_request(decode(b))
+            )
+            with pytest.raises((DecodeError, InvalidMessage)) as info:
+                parse(data)
+        assert info.value.reason.value == case["error"]
+        return
+    nonce_c, nonce_s = bytes.fromhex(case["requester_nonce"]), bytes.fromhex(case["server_nonce"])
+    assert encode(direct_request(nonce_c)).hex() == case["request"]
+    assert parse_direct_request(decode(bytes.fromhex(case["request"]))) == nonce_c
+    offer = decode_offer(bytes.fromhex(case["offer"]))
+    assert (offer.nonce, offer.port) == (nonce_s, case["port"])
+    ours = derive_keys(nonce_c, nonce_s, case["requester"], case["server"], we_request=True)
+    theirs = derive_keys(nonce_c, nonce_s, case["requester"], case["server"], we_request=False)
+    assert (ours.send.hex(), ours.receive.hex()) == (case["c2s_key"], case["s2c_key"])
+    assert (theirs.send, theirs.receive) == (ours.receive, ours.send)
+    for direction, key in (("c2s", ours.send), ("s2c", ours.receive)):
+        sealer, opener = Sealer(key), Opener(key)
+        for item in case[direction]:
+            plain, record = bytes.fromhex(item["plaintext"]), bytes.fromhex(item["record"])
+            assert bytes(sealer.seal(plain)) == record
+            assert _open_record(opener, record) == plain
 
 
 @pytest.mark.parametrize(("kind", "case"), list(_cases()))

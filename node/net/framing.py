@@ -30,6 +30,7 @@ __all__ = [
     "decode_bundle",
     "encode_bundle",
     "encode_frame",
+    "frame_header",
 ]
 
 DEFAULT_MAX_FRAME = 1 << 20  # 1 MiB, GossipSub's default maximum RPC size
@@ -40,6 +41,11 @@ HEADER_SIZE = _HEADER.size
 
 class FramingError(ValueError):
     """Bytes that are not a well-formed frame or bundle (the sender broke the rules)."""
+
+
+def frame_header(length: int) -> bytes:
+    """The 4-byte header of a frame of ``length`` bytes."""
+    return _HEADER.pack(length)
 
 
 def encode_frame(payload: bytes, *, max_size: int = DEFAULT_MAX_FRAME) -> bytes:
@@ -82,6 +88,27 @@ class FrameDecoder:
         """Bytes received but not yet returned as a frame."""
         return self._size
 
+    @property
+    def wanted(self) -> int:
+        """Bytes still missing from the next frame (or from its header); 0 when it is whole.
+
+        A reader that asks its stream for this many bytes gets a large frame in one piece,
+        which the decoder then returns without copying it again.
+        """
+        if self._size < HEADER_SIZE:
+            return HEADER_SIZE - self._size
+        length = min(self._length(), self.max_size)
+        return max(0, HEADER_SIZE + length - self._size)
+
+    def _length(self) -> int:
+        """The next frame's announced length (at least HEADER_SIZE bytes are buffered)."""
+        first, offset = self._pieces[0], self._offset
+        if len(first) - offset >= HEADER_SIZE:
+            length: int = _HEADER.unpack_from(first, offset)[0]
+        else:
+            length = _HEADER.unpack(self._split_header())[0]
+        return length
+
     def next_frame(self) -> bytes | None:
         """The next whole frame, or None if more bytes are needed.
 
@@ -91,10 +118,7 @@ class FrameDecoder:
         if self._size < HEADER_SIZE:
             return None
         first, offset = self._pieces[0], self._offset
-        if len(first) - offset >= HEADER_SIZE:
-            (length,) = _HEADER.unpack_from(first, offset)
-        else:
-            (length,) = _HEADER.unpack(self._split_header())
+        length = self._length()
         if length > self.max_size:
             raise FramingError(f"peer announced a {length}-byte frame; the cap is {self.max_size}")
         end = HEADER_SIZE + length

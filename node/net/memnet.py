@@ -295,6 +295,10 @@ class MemoryStream:
     def remote_peer(self) -> PeerId:
         return self._remote
 
+    @property
+    def remote_host(self) -> str | None:
+        return None  # no sockets: transfers stay on the stream
+
     async def send_all(self, data: bytes) -> None:
         if self._closed:
             raise StreamClosed(NetReason.CLOSED, "send on a closed stream")

@@ -27,9 +27,11 @@ This is the only module of the project that imports libp2p. Each pitfall of 0.8.
 - ``Pubsub.publish`` never yields: the publisher checkpoints after each bundle.
 - Stream throughput is CPU-bound in py-libp2p (bench/transfer.py), and two yamux defaults
   of 0.8.1 cost about 1 ms of CPU per MB on each side. Both have no parameter and are set
-  in :func:`_tune_yamux`, with :func:`_deepen_pubsub_queues` the only changes this module
-  makes to libp2p; each is process-wide, idempotent, read by libp2p at call time, and
-  pinned by a test.
+  in :func:`_tune_yamux`; with :func:`_deepen_pubsub_queues` and
+  :func:`_defer_read_loop_writes` ("Bulk data both ways") they are the only changes this
+  module makes to libp2p; each is process-wide, idempotent, read by libp2p at call time,
+  and pinned by a test. Bulk blob transfer leaves libp2p for direct channels where it can
+  (node/net/direct.py).
 
   - Frame size: yamux's ``MAX_MESSAGE_SIZE`` (64 KiB, header included) exceeds a Noise
     message (65535 - 16 tag = 65519 bytes of plaintext), so each full DATA frame was
@@ -61,24 +63,30 @@ This is the only module of the project that imports libp2p. Each pitfall of 0.8.
 - Logging: the ``libp2p`` logger is reset by ``import libp2p`` to not propagate; it is
   reconfigured here to propagate into the application's handlers at a chosen level.
 
-Not handled: yamux's read loop (``Yamux.handle_incoming``) writes control replies itself
-(the pong to the RTT ping sent 0.5 s after a connection opens and every 30 s after, the
-ACK of each new stream) and waits for the connection's write lock to do so. When both
-peers push stream data faster than the other reads, each lock is held by a DATA write
-blocked on a full socket, neither read loop reads again, and the connection hangs,
-pubsub included. Seen on loopback with six 4 MiB streams each way, with stock settings
-and with ours; one-way bulk transfer (one peer serving, the other fetching) does not
-hang. rust-yamux has the same flaw (libp2p/rust-yamux#227).
+- Bulk data both ways: yamux's read loop (``Yamux.handle_incoming``) writes control
+  replies itself (the pong to the RTT ping sent 0.5 s after a connection opens and every
+  30 s after, the ACK or RST of each new stream) and waited for the connection's write
+  lock to do so. When both peers pushed stream data faster than the other read, each
+  lock was held by a DATA write blocked on a full socket, neither read loop read again,
+  and the connection hung, pubsub included (six 4 MiB streams each way on loopback hung
+  three runs in four; rust-yamux has the same flaw, libp2p/rust-yamux#227).
+  :func:`_defer_read_loop_writes` hands those replies to one writer task per connection,
+  in order, so the read loop never waits on a write and keeps draining the socket, which
+  unblocks the other side's writer. The queue is bounded (a peer flooding pings makes
+  the read loop wait again, as before, instead of growing memory).
+  ``test_large_streams_both_ways_at_once_do_not_deadlock`` pins it.
 """
 
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import hashlib
 import logging
 import os
 import time
-from collections.abc import AsyncIterator, Callable
+import weakref
+from collections.abc import AsyncIterator, Awaitable, Callable
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
@@ -86,7 +94,7 @@ from typing import TYPE_CHECKING, Any
 import multiaddr
 import trio
 from libp2p import new_host
-from libp2p.abc import INetConn, INetwork, INotifee
+from libp2p.abc import IMuxedConn, INetConn, INetwork, INotifee
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
@@ -289,7 +297,8 @@ def _deepen_pubsub_queues(tuning: GossipTuning) -> None:
 
 
 def _tune_yamux() -> None:
-    """Send each yamux DATA frame as one Noise message, and window updates in batches.
+    """Send each yamux DATA frame as one Noise message, window updates in batches, and
+    the read loop's control replies from a writer task of their own.
 
     Both settings are explained in the module docstring ("Stream throughput").
     ``Yamux``/``YamuxStream`` take no options, and 0.8.1 reads both at call time:
@@ -302,6 +311,57 @@ def _tune_yamux() -> None:
     """
     yamux_module.MAX_MESSAGE_SIZE = YAMUX_FRAME_SIZE
     os.environ["PY_YAMUX_RELEASE_ON_READ"] = "0"
+    _defer_read_loop_writes()
+
+
+_IN_READ_LOOP = contextvars.ContextVar("cx_yamux_read_loop", default=False)
+_CONTROL_QUEUE = 256  # control frames (12 bytes each) waiting for the writer, per connection
+_control_queues: weakref.WeakKeyDictionary[Yamux, trio.MemorySendChannel[bytes]] = (
+    weakref.WeakKeyDictionary()
+)
+_PATCHED: list[str] = []  # what _defer_read_loop_writes changed, so it changes it once
+_WRITE_FAILURES = (BaseLibp2pError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
+
+
+def _defer_read_loop_writes() -> None:
+    """Make yamux's read loop queue its control replies instead of writing them (module
+    docstring, "Bulk data both ways"). Process-wide and idempotent, like the settings."""
+    if _PATCHED:
+        return
+    _PATCHED.append("read-loop writes")
+    read_loop, write_frame = Yamux.handle_incoming, Yamux._write_frame
+
+    async def handle_incoming(self: Yamux) -> None:
+        _IN_READ_LOOP.set(True)  # this task's context only: the read loop runs in its own
+        await read_loop(self)
+
+    async def deferred_write_frame(self: Yamux, data: bytes) -> None:
+        if not _IN_READ_LOOP.get() or self._nursery is None:
+            await write_frame(self, data)
+            return
+        queue = _control_queues.get(self)
+        if queue is None:
+            queue, pending = trio.open_memory_channel[bytes](_CONTROL_QUEUE)
+            _control_queues[self] = queue
+            self._nursery.start_soon(_write_control_frames, self, pending, write_frame)
+        await queue.send(data)
+
+    Yamux.handle_incoming = handle_incoming  # type: ignore[method-assign]
+    Yamux._write_frame = deferred_write_frame  # type: ignore[method-assign]
+
+
+async def _write_control_frames(
+    muxer: Yamux,
+    pending: trio.MemoryReceiveChannel[bytes],
+    write_frame: Callable[[Yamux, bytes], Awaitable[None]],
+) -> None:
+    """The writer of one connection's deferred control frames, in the order queued."""
+    async for data in pending:
+        try:
+            await write_frame(muxer, data)
+        except _WRITE_FAILURES as exc:  # the connection is going; its read loop sees it too
+            logger.debug("yamux control write to %s failed: %s", muxer.peer_id, exc)
+            return
 
 
 def _check_libp2p_version() -> None:
@@ -415,6 +475,13 @@ class _Libp2pStream:
     def remote_peer(self) -> PeerId:
         return self._remote
 
+    @property
+    def remote_host(self) -> str | None:
+        if _is_relayed(self._stream.muxed_conn):  # the address would be the relay's
+            return None
+        address = self._stream.get_remote_address()
+        return None if address is None else address[0]
+
     async def send_all(self, data: bytes) -> None:
         if self._closed:
             raise StreamClosed(NetReason.CLOSED, "send on a closed stream")
@@ -440,7 +507,7 @@ class _Libp2pStream:
             await self._stream.close()
 
 
-def _is_relayed(conn: INetConn) -> bool:
+def _is_relayed(conn: INetConn | IMuxedConn) -> bool:
     return any("/p2p-circuit" in str(a) for a in conn.get_transport_addresses())
 
 

@@ -29,7 +29,13 @@ from typing import NamedTuple, NewType, Protocol
 
 import trio
 
-from node.net.framing import DEFAULT_MAX_FRAME, FrameDecoder, FramingError, encode_frame
+from node.net.framing import (
+    DEFAULT_MAX_FRAME,
+    FrameDecoder,
+    FramingError,
+    encode_frame,
+    frame_header,
+)
 from protocol.identity import PeerId
 
 __all__ = [
@@ -53,6 +59,7 @@ __all__ = [
 ]
 
 ProtocolId = NewType("ProtocolId", str)
+_JOIN_BELOW = 65536  # payloads up to this size are sent joined to their header, in one write
 
 
 class NetReason(enum.StrEnum):
@@ -141,6 +148,11 @@ class Stream(Protocol):
     @property
     def remote_peer(self) -> PeerId: ...
 
+    @property
+    def remote_host(self) -> str | None:
+        """The peer's IP address when this stream runs over a direct TCP connection to it
+        (what a direct channel dials, spec/content.md); None when relayed or in memory."""
+
     async def send_all(self, data: bytes) -> None:
         """Raises StreamClosed if the stream is gone."""
 
@@ -169,11 +181,20 @@ class FramedStream:
 
     async def send_frame(self, payload: bytes) -> None:
         """Raises LocalNetworkError if too large, StreamClosed if the stream is gone."""
-        try:
-            frame = encode_frame(payload, max_size=self.max_frame)
-        except FramingError as exc:
-            raise LocalNetworkError(NetReason.TOO_LARGE, str(exc)) from exc
-        await self.stream.send_all(frame)
+        if len(payload) <= _JOIN_BELOW:
+            try:
+                frame = encode_frame(payload, max_size=self.max_frame)
+            except FramingError as exc:
+                raise LocalNetworkError(NetReason.TOO_LARGE, str(exc)) from exc
+            await self.stream.send_all(frame)
+            return
+        if len(payload) > self.max_frame:
+            raise LocalNetworkError(
+                NetReason.TOO_LARGE, f"frame of {len(payload)} bytes exceeds {self.max_frame}"
+            )
+        # A large payload goes after its header, not copied behind it (a 4 MiB blob chunk).
+        await self.stream.send_all(frame_header(len(payload)))
+        await self.stream.send_all(payload)
 
     async def receive_frame(self) -> bytes | None:
         """The next frame, or None at a clean end of stream.
@@ -188,7 +209,7 @@ class FramedStream:
                 raise RemoteNetworkError(NetReason.BAD_FRAME, str(exc)) from exc
             if frame is not None:
                 return frame
-            chunk = await self.stream.receive_some(max(65536, self._decoder.buffered))
+            chunk = await self.stream.receive_some(max(65536, self._decoder.wanted))
             if not chunk:
                 if self._decoder.buffered:
                     raise RemoteNetworkError(NetReason.BAD_FRAME, "stream ended inside a frame")

@@ -14,6 +14,12 @@ Rules:
   every peer at once, over several streams per peer, each asking for a few chunks at a
   time: one yamux stream alone stays far below the link (PLATFORM.md). The first batches
   are dealt round-robin over the peers; then idle streams take what is left.
+- Direct channels (spec/content.md, "Direct channel"; node/storage/transfer_direct.py
+  serves them): each stream for chunks first asks its peer for one and, if it opens,
+  fetches over it instead, the negotiating stream held open beside it. A peer that
+  cannot give one (relayed, refused, unreachable, a server that predates them), or
+  whose channel breaks, keeps to libp2p streams for the rest of the transfer. Chunks are
+  verified the same either way.
 - A peer that is unreachable, breaks the wire rules, stalls, or sends a chunk that fails
   verification is dropped for this transfer and its unfinished chunks go to the others.
   Those that misbehaved (not those that merely failed) are reported to ``on_bad_peer``.
@@ -38,12 +44,14 @@ import contextlib
 import enum
 import json
 import logging
+import secrets
 from collections import deque
 from collections.abc import AsyncIterator, Callable, Sequence
 from typing import Any, cast
 
 import trio
 
+from node.net.direct import SealedStream, connect_channel
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -55,7 +63,15 @@ from node.net.transport import (
     StreamClosed,
 )
 from node.storage.store import BlobStore, CorruptBlob, StoreError
+from node.storage.transfer_direct import DirectServer
 from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
+from protocol.direct import (
+    NONCE_SIZE,
+    decode_offer,
+    derive_keys,
+    direct_request,
+    parse_direct_request,
+)
 from protocol.encoding import Value, decode, encode
 from protocol.errors import ProtocolError
 from protocol.messages import check_digest
@@ -123,27 +139,41 @@ def _misbehaved(exc: BaseException) -> bool:
 # -- serving ---------------------------------------------------------------------------------
 
 
-def serve_blobs(net: Network, store: BlobStore) -> None:
-    """Answer ``/cx/blob/1`` requests from ``store``.
+def serve_blobs(net: Network, store: BlobStore, *, direct: bool = True) -> DirectServer | None:
+    """Answer ``/cx/blob/1`` requests from ``store``, offering direct channels unless
+    ``direct`` is false (then requesters keep to libp2p streams). Returns what serves the
+    direct channels, if offered.
 
     Raises LocalNetworkError(DUPLICATE_HANDLER) if the protocol is already served.
     """
 
+    async def serve_channel(framed: FramedStream) -> None:
+        await _serve_stream(store, framed)
+
+    channels = DirectServer(net.peer_id, serve_channel, max_frame=MAX_FRAME) if direct else None
+
     async def handler(stream: Stream) -> None:
         try:
-            await _serve_stream(store, FramedStream(stream, max_frame=MAX_FRAME))
+            await _serve_stream(store, FramedStream(stream, max_frame=MAX_FRAME), channels)
         except NetworkError as exc:  # the requester went away or broke the framing
             logger.debug("blob stream from %s ended: %s", stream.remote_peer, exc)
         except StoreError as exc:  # the blob went, or was found corrupt, mid-request
             logger.warning("stopped serving %s: %s", stream.remote_peer, exc)
 
     net.serve(BLOB_PROTOCOL, handler)
+    return channels
 
 
-async def _serve_stream(store: BlobStore, framed: FramedStream) -> None:
+async def _serve_stream(
+    store: BlobStore, framed: FramedStream, direct: DirectServer | None = None
+) -> None:
     while (frame := await framed.receive_frame()) is not None:
         try:
-            op, blob, indices = _parse_request(frame)
+            request = _decode_request(frame)
+            if direct is not None and request.get("op") == "direct":
+                await direct.serve(framed, parse_direct_request(request))
+                return  # the stream's job ends with the channel
+            op, blob, indices = _parse_request(request)
         except (ProtocolError, ValueError) as exc:
             await _send_status(framed, error="bad-request", message=str(exc))
             return
@@ -168,10 +198,14 @@ async def _serve_stream(store: BlobStore, framed: FramedStream) -> None:
             store.traffic["sent"] += len(data)
 
 
-def _parse_request(frame: bytes) -> tuple[str, str, list[int]]:
+def _decode_request(frame: bytes) -> dict[str, Value]:
     request = decode(frame)
     if not isinstance(request, dict):
         raise ValueError("a request is a map")
+    return request
+
+
+def _parse_request(request: dict[str, Value]) -> tuple[str, str, list[int]]:
     op, blob = request.get("op"), request.get("blob")
     if not isinstance(blob, str):
         raise ValueError("blob must be a digest")
@@ -272,9 +306,13 @@ class _Transfer:
         missing: list[int],
         progress: Progress | None,
         on_bad_peer: BadPeer | None,
+        *,
+        direct: bool,
     ) -> None:
         self.net, self.store, self.manifest = net, store, manifest
         self.progress, self.on_bad_peer = progress, on_bad_peer
+        # Peers whose direct channel could not be opened keep to libp2p streams.
+        self.direct, self.no_direct = direct, set[PeerId]()
         self.queue = deque(missing)
         self.in_flight = 0
         self.done_bytes = manifest.size - sum(manifest.span(i)[1] for i in missing)
@@ -321,16 +359,62 @@ class _Transfer:
 
     async def _worker(self, peer: PeerId, batch: list[int]) -> None:
         try:
-            if not batch and not (batch := await self._claim(peer)):
-                return
-            async with _open(self.net, peer) as framed:
-                while batch:
-                    await self._fetch(framed, batch)
-                    batch = await self._claim(peer)
+            while batch or (batch := await self._claim(peer)):
+                # Held only while there is work at once: a worker waiting for chunks a
+                # failing peer may hand back holds no channel the server would idle out.
+                async with self._open_for_chunks(peer) as framed:
+                    try:
+                        while batch:
+                            await self._fetch(framed, batch)
+                            batch = self._take() if self.queue and peer not in self.dropped else []
+                    except NetworkError as exc:
+                        if not isinstance(framed.stream, SealedStream):
+                            raise
+                        # The channel broke, not necessarily the peer: what is left of the
+                        # batch goes over libp2p streams (chunks stored stay stored).
+                        self.no_direct.add(peer)
+                        logger.info("direct channel to %s broke, using libp2p: %s", peer, exc)
         except _PEER_FAILURES as exc:
             self._drop(peer, exc)
         finally:
             self._release(batch)
+
+    @contextlib.asynccontextmanager
+    async def _open_for_chunks(self, peer: PeerId) -> AsyncIterator[FramedStream]:
+        """A direct channel to ``peer`` when one opens, else a libp2p stream."""
+        async with _open(self.net, peer) as stream:
+            host = stream.stream.remote_host
+            if not self.direct or peer in self.no_direct or host is None:
+                yield stream
+                return
+            channel = await self._open_direct(stream, peer, host)
+            if channel is not None:
+                try:
+                    yield channel  # the stream stays open while the channel lives (rule 21)
+                finally:
+                    await channel.aclose()
+                return
+        async with _open(self.net, peer) as stream:  # the server ended the refused one
+            yield stream
+
+    async def _open_direct(
+        self, stream: FramedStream, peer: PeerId, host: str
+    ) -> FramedStream | None:
+        """Negotiate a direct channel on ``stream`` (spec/content.md, "Direct channel");
+        None if it is refused or cannot be reached, and then ``peer`` keeps to libp2p
+        streams for this transfer (not reported: a middlebox may be at fault)."""
+        try:
+            nonce = secrets.token_bytes(NONCE_SIZE)
+            await _request(stream, direct_request(nonce))
+            with trio.fail_after(CHUNK_TIMEOUT):
+                offer = decode_offer(await _body(stream))
+            keys = derive_keys(nonce, offer.nonce, self.net.peer_id, peer, we_request=True)
+            channel = await connect_channel(host, offer.port, keys, peer)
+        except _PEER_FAILURES as exc:
+            self.no_direct.add(peer)
+            logger.info("no direct channel to %s, using libp2p streams: %s", peer, exc)
+            return None
+        return FramedStream(channel, max_frame=MAX_FRAME)
 
     async def _fetch(self, framed: FramedStream, batch: list[int]) -> None:
         """Fetch and store ``batch``, removing each index from it once stored."""
@@ -377,9 +461,12 @@ async def fetch_blob(
     *,
     progress: Progress | None = None,
     on_bad_peer: BadPeer | None = None,
+    direct: bool = True,
 ) -> str:
     """Fetch blob ``digest`` from ``peers`` into ``store`` (a no-op if it is there already).
 
+    Chunks travel over direct channels where the peers offer them, else (or with
+    ``direct`` false) over libp2p streams.
     Only chunks the store lacks are fetched, so an interrupted transfer resumes. A second
     fetch of the same blob into the same store waits for the first. Returns ``digest``.
     Raises TransferError (NOT_FOUND, ALL_PEERS_FAILED, FALSE_MANIFEST), OSError if the
@@ -390,7 +477,7 @@ async def fetch_blob(
     lock = _FETCHING.setdefault(key, trio.Lock())
     try:
         async with lock:
-            return await _fetch_blob(net, store, digest, peers, progress, on_bad_peer)
+            return await _fetch_blob(net, store, digest, peers, progress, on_bad_peer, direct)
     finally:
         if not lock.locked() and not lock.statistics().tasks_waiting:
             _FETCHING.pop(key, None)
@@ -403,6 +490,7 @@ async def _fetch_blob(
     peers: Sequence[PeerId],
     progress: Progress | None,
     on_bad_peer: BadPeer | None,
+    direct: bool,
 ) -> str:
     if store.has(digest):
         return digest
@@ -416,7 +504,7 @@ async def _fetch_blob(
         # Every chunk was recorded but the blob never finished (a crash just before):
         # storing any chunk again makes the store finish it.
         missing = [0]
-    transfer = _Transfer(net, store, manifest, missing, progress, on_bad_peer)
+    transfer = _Transfer(net, store, manifest, missing, progress, on_bad_peer, direct=direct)
     await transfer.run(peers)
     if isinstance(transfer.fatal, OSError):
         raise transfer.fatal
@@ -450,6 +538,7 @@ async def fetch_image(
     *,
     progress: Progress | None = None,
     on_bad_peer: BadPeer | None = None,
+    direct: bool = True,
 ) -> None:
     """Fetch the OCI image named by ``manifest_digest`` (its manifest, config and layers)
     and pin it under ``image/<hex>`` as ``import`` does.
@@ -457,7 +546,7 @@ async def fetch_image(
     ``progress`` counts the bytes of the config and layers. Raises TransferError
     (BAD_IMAGE when the manifest is malformed or a blob's size is not its descriptor's).
     """
-    await fetch_blob(net, store, manifest_digest, peers, on_bad_peer=on_bad_peer)
+    await fetch_blob(net, store, manifest_digest, peers, on_bad_peer=on_bad_peer, direct=direct)
     blobs = await trio.to_thread.run_sync(_image_blobs, store, manifest_digest)
     total, done = sum(blobs.values()), 0
 
@@ -466,7 +555,9 @@ async def fetch_image(
             progress(done + got, total)
 
     for digest, size in blobs.items():
-        await fetch_blob(net, store, digest, peers, progress=report, on_bad_peer=on_bad_peer)
+        await fetch_blob(
+            net, store, digest, peers, progress=report, on_bad_peer=on_bad_peer, direct=direct
+        )
         if (actual := store.size(digest)) != size:
             raise TransferError(
                 TransferReason.BAD_IMAGE,

@@ -26,8 +26,18 @@ from tagged import to_json
 
 from attest.enrolment import ENROLMENT_TTL_MS
 from protocol.book import OrderBook
+from protocol.direct import (
+    REQUESTER_HELLO,
+    SERVER_HELLO,
+    DirectOffer,
+    Sealer,
+    decode_offer,
+    derive_keys,
+    direct_request,
+    parse_direct_request,
+)
 from protocol.elastic import cpu_grant, memory_step
-from protocol.encoding import encode
+from protocol.encoding import decode, encode
 from protocol.envelope import (
     open_signed,
     seal,
@@ -1289,6 +1299,75 @@ def elastic() -> None:
     write("elastic", "elastic", "spec/workloads.md#test-vectors", cases)
 
 
+def direct_channel() -> None:
+    """content.md "Direct channel": the negotiation, the keys and the records."""
+    requester, server = (
+        PrivateKey.from_seed(seed("requester")),
+        PrivateKey.from_seed(seed("server")),
+    )
+    nonce_c, nonce_s = seed("requester nonce"), seed("server nonce")
+    keys = derive_keys(nonce_c, nonce_s, requester.peer_id, server.peer_id, we_request=True)
+    c2s, s2c = Sealer(keys.send), Sealer(keys.receive)
+    c2s_plain = [
+        REQUESTER_HELLO,
+        encode({"blob": "sha256:" + "ab" * 32, "indices": [0, 1], "op": "chunks"}),
+    ]
+    s2c_plain = [SERVER_HELLO, encode({"ok": True})]
+    c2s_records = [bytes(c2s.seal(p)) for p in c2s_plain]
+    s2c_records = [bytes(s2c.seal(p)) for p in s2c_plain]
+    offer = DirectOffer(nonce=nonce_s, port=40123).encode()
+    valid = {
+        "name": "a channel: request, offer, keys, the hellos and one request each way",
+        "valid": True,
+        "requester": requester.peer_id,
+        "server": server.peer_id,
+        "requester_nonce": nonce_c.hex(),
+        "server_nonce": nonce_s.hex(),
+        "request": encode(direct_request(nonce_c)).hex(),
+        "offer": offer.hex(),
+        "port": 40123,
+        "c2s_key": keys.send.hex(),
+        "s2c_key": keys.receive.hex(),
+        "c2s": [{"plaintext": p.hex(), "record": r.hex()} for p, r in zip(c2s_plain, c2s_records, strict=True)],
+        "s2c": [{"plaintext": p.hex(), "record": r.hex()} for p, r in zip(s2c_plain, s2c_records, strict=True)],
+    }  # fmt: skip
+    tampered = bytearray(c2s_records[1])
+    tampered[-1] ^= 1
+    wrong_key = Sealer(keys.receive)  # the server's key used the requester's way
+    wrong_key.seal(b"x")
+    over = (4 * 1024 * 1024 + 64 * 1024 + 17).to_bytes(4, "big")
+
+    def record_case(name: str, before: list[bytes], record: bytes, error: str) -> dict[str, object]:
+        return {"name": name, "valid": False, "check": "record", "key": keys.send.hex(),
+                "before": [r.hex() for r in before], "data": record.hex(), "error": error}  # fmt: skip
+
+    def message_case(name: str, check: str, data: bytes) -> dict[str, object]:
+        parse = (
+            decode_offer
+            if check == "offer"
+            else (
+                lambda b: parse_direct_request(decode(b))  # type: ignore[arg-type]
+            )
+        )
+        return {"name": name, "valid": False, "check": check, "data": data.hex(),
+                "error": reason_of(data, parse)}  # fmt: skip
+
+    invalid = [
+        record_case("a tampered record", c2s_records[:1], bytes(tampered), "bad-seal"),
+        record_case("a replayed record (the hello again)", c2s_records[:1], c2s_records[0], "bad-seal"),
+        record_case("records out of order (second first)", [], c2s_records[1], "bad-seal"),
+        record_case("a record sealed with the other direction's key", [], bytes(wrong_key.seal(b"x")), "bad-seal"),
+        record_case("a length over the cap", [], over, "too-large"),
+        record_case("a length that cannot hold a tag", [], (16).to_bytes(4, "big"), "too-large"),
+        message_case("an offer of port 0", "offer", encode({"nonce": nonce_s, "port": 0})),
+        message_case("an offer with a 31-byte nonce", "offer", encode({"nonce": nonce_s[:31], "port": 1})),
+        message_case("an offer with an extra field", "offer", encode({"nonce": nonce_s, "port": 1, "host": "x"})),
+        message_case("a request without its nonce", "request", encode({"op": "direct"})),
+        message_case("a request with a string nonce", "request", encode({"nonce": "n" * 32, "op": "direct"})),
+    ]  # fmt: skip
+    write("direct", "direct-channel", "spec/content.md#direct-channel", [valid, *invalid])
+
+
 if __name__ == "__main__":
     encoding()
     identity()
@@ -1304,3 +1383,4 @@ if __name__ == "__main__":
     reputation()
     estimates()
     elastic()
+    direct_channel()

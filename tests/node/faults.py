@@ -120,6 +120,10 @@ class FaultyStream:
     def remote_peer(self) -> PeerId:
         return self.inner.remote_peer
 
+    @property
+    def remote_host(self) -> str | None:
+        return self.inner.remote_host
+
     async def send_all(self, data: bytes) -> None:
         net = self.net
         await trio.sleep(net.rng.uniform(0, net.rates.delay_s))

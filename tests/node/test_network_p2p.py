@@ -373,8 +373,7 @@ async def test_many_large_streams_complete_under_flow_control(
     many initial windows long, read in uneven sizes, all arrive intact, and libp2p
     reports no window overrun and no timed-out wait for a window update.
 
-    One direction only: with both directions saturated 0.8.1's yamux can deadlock
-    whatever this setting (see node/net/p2p.py, "Not handled")."""
+    One direction; both at once: the next test."""
     caplog.set_level(logging.WARNING)
     total = 4 << 20
     read_sizes = [4096, 65536, 1 << 20, 100_000, 7_000_000]
@@ -388,3 +387,20 @@ async def test_many_large_streams_complete_under_flow_control(
                     nursery.start_soon(pull, b, a.peer_id, total, sizes)
     warnings = [r.getMessage() for r in caplog.records if r.name.startswith("libp2p")]
     assert not [w for w in warnings if "window" in w.lower()], warnings
+
+
+async def test_large_streams_both_ways_at_once_do_not_deadlock() -> None:
+    """Six 4 MiB streams each way on one connection, all at once, all arrive intact.
+
+    Without the deferred control replies of node/net/p2p.py (``_defer_read_loop_writes``)
+    both read loops wait for their connection's write lock, held by a DATA write blocked
+    on a full socket, and this hangs until the bound."""
+    async with open_nodes(2) as (a, b):
+        a.serve(SOURCE, source)
+        b.serve(SOURCE, source)
+        await b.connect(a.listen_addrs[0])
+        with trio.fail_after(BOUND):
+            async with trio.open_nursery() as nursery:
+                for _ in range(6):
+                    nursery.start_soon(pull, b, a.peer_id, 4 << 20, [1 << 20])
+                    nursery.start_soon(pull, a, b.peer_id, 4 << 20, [1 << 20])
