@@ -606,10 +606,11 @@ class Buyer:
                 return  # a retry of one we took: its acknowledgement was lost
             raise
         agreement_id = status.payload.agreement_id
-        self.db.set_agreement_state(agreement_id, status.payload.state.value)
-        row = self.db.agreement(agreement_id)
-        if row is not None and row.job_id is not None:
-            self._event(row.job_id, status.payload.state.value, status.payload.detail)
+        with self.db.atomic():  # one commit: the agreement's state and the job's event
+            self.db.set_agreement_state(agreement_id, status.payload.state.value)
+            row = self.db.agreement(agreement_id)
+            if row is not None and row.job_id is not None:
+                self._event(row.job_id, status.payload.state.value, status.payload.detail)
 
     async def _receipt(self, wire: bytes, message: Signed[Any], peer: PeerId) -> bytes:
         """Fetch and check what the receipt names, then countersign and settle it."""

@@ -412,8 +412,9 @@ class Provider:
                 exit_code=-1,
             )
             return
-        self.db.mark_started(agreement.id, self.market.now_ms())
-        self._tell(agreement, JobState.RUNNING, "container started")
+        with self.db.atomic():  # one commit: started, and the status that says so queued
+            self.db.mark_started(agreement.id, self.market.now_ms())
+            self._tell(agreement, JobState.RUNNING, "container started")
         try:
             with self.market.store.holding(job_blobs(self.market.store, job, resume)):
                 result = await self.executor.run_job(
