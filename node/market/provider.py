@@ -146,7 +146,7 @@ class Provider:
         self._running: dict[bytes, _Running] = {}
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
-        self._queued = trio.Event()  # set (and replaced) whenever a message is queued
+        self._queued: dict[bytes, trio.Event] = {}  # agreement id -> its lane's next message
         self._delivering: set[tuple[str, bytes]] = set()  # (buyer, agreement) lanes
         self._pricing = config.effective_pricing()
         self._prices = config.prices  # asked now: the policies move them from here
@@ -378,7 +378,7 @@ class Provider:
         finally:
             running.done.set()
             del self._running[agreement.id]
-            self._queued_now()  # its lane stops waiting for more messages
+            self._queued_now(agreement.id)  # its lane stops waiting for more messages
 
     async def _run(
         self, agreement: Agreement, running: _Running, credentials: Credentials | None
@@ -460,12 +460,13 @@ class Provider:
             self.db.set_agreement_state(agreement.id, state.value)
             self.db.queue(agreement.id, peer, wire)
         self._wake.set()
-        self._queued_now()
+        self._queued_now(agreement.id)
         self.market.touch()
 
-    def _queued_now(self) -> None:
-        self._queued.set()
-        self._queued = trio.Event()
+    def _queued_now(self, agreement_id: bytes) -> None:
+        wake = self._queued.pop(agreement_id, None)
+        if wake is not None:
+            wake.set()
 
     def _receipt(self, agreement: Agreement, result: JobResult) -> None:
         logs = tuple(
@@ -582,7 +583,8 @@ class Provider:
         delivered = False
         try:
             while True:
-                queued = self._queued  # taken before looking: a message queued after wakes it
+                # Taken before looking: a message queued after it wakes us.
+                queued = self._queued.setdefault(agreement_id, trio.Event())
                 items = _in_lane(self.db.outbox(), lane)
                 if not items and agreement_id not in self._running:
                     break
@@ -594,6 +596,7 @@ class Provider:
             delivered = True
         finally:
             self._delivering.discard(lane)
+            self._queued.pop(agreement_id, None)
             with trio.CancelScope(shield=True):
                 await link.aclose()
             if delivered:  # a message queued while we delivered goes now, not at the retry
