@@ -12,6 +12,8 @@ from __future__ import annotations
 
 import contextlib
 
+import trio
+
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -23,6 +25,8 @@ from node.net.transport import (
 from node.net.wire import JOB
 
 __all__ = ["JobLink"]
+
+CLOSE_S = 1.0  # the most a close may take: a stream to a vanished peer never confirms
 
 
 class JobLink:
@@ -59,7 +63,9 @@ class JobLink:
         return answer
 
     async def aclose(self) -> None:
+        """Close the stream, if open; also when cancelled (bounded: the peer may be gone)."""
         stream, self._stream = self._stream, None
         if stream is not None:
-            with contextlib.suppress(NetworkError):  # already gone
+            with trio.move_on_after(CLOSE_S) as bounded, contextlib.suppress(NetworkError):
+                bounded.shield = True
                 await stream.aclose()

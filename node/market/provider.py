@@ -597,8 +597,7 @@ class Provider:
         finally:
             self._delivering.discard(lane)
             self._queued.pop(agreement_id, None)
-            with trio.CancelScope(shield=True):
-                await link.aclose()
+            await link.aclose()
             if delivered:  # a message queued while we delivered goes now, not at the retry
                 self._wake.set()
 
