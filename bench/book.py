@@ -5,8 +5,9 @@ offers and half bids from 200 signers, every one signed and admitted through the
 ``Trader.receive_order``. At 10^3, 10^4, 10^5 and 10^6 resting orders it measures:
 - ingest: INCOMING fresh gossiped orders into the book, per second (wall clock) and CPU
   microseconds each (decode + verify + admit + insert + match against our own orders);
-- match: our own bid posted against the whole book (``Trader.post``: it scans for the
-  cheapest offer that fits), median and worst of MATCHES, each taken back afterwards;
+- match: our own bid posted against the whole book (``Trader.post``: it searches the
+  book's price grid, protocol/offer_index.py, for the cheapest offer that fits), median
+  and worst of MATCHES, each taken back afterwards;
 - memory: resident set growth per resting order since the book was empty.
 The baseline is the same figures at 10^3 in the same run; goal: no more than 1.5x slower
 at 10^6. Orders are made by patching prices, signer and nonce into encoded templates (every

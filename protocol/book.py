@@ -32,7 +32,7 @@ from protocol.errors import LocalProtocolError, Reason
 from protocol.hardware import hardware_fits
 from protocol.messages import Bid, Offer, Prices, Resources, TrustLevel
 from protocol.offer_index import OfferIndex
-from protocol.settlement import quote, quote_by_cpu_price
+from protocol.settlement import quote, quote_by_cpu_and_memory_price
 from protocol.transfer import NO_TRANSFER, TransferCost, transfer_cost, within_budget
 from protocol.work import work_fits
 
@@ -205,7 +205,7 @@ class OrderBook:
     # Active orders are few (this node's own); indexing them keeps a gossip ingest O(active).
     _active: set[MessageId] = field(default_factory=set)
     _expiry: list[tuple[int, MessageId]] = field(default_factory=list)
-    _by_cpu_price: OfferIndex = field(default_factory=OfferIndex)  # for our own bids' search
+    _by_price: OfferIndex = field(default_factory=OfferIndex)  # our own bids' search
 
     def __len__(self) -> int:
         return len(self.offers) + len(self.bids)
@@ -224,7 +224,7 @@ class OrderBook:
         self._check_new(order.id)
         resting = RestingOffer(order=order, remaining=order.payload.capacity, active=active)
         self.offers[order.id] = resting
-        self._by_cpu_price.add(order.id, order.payload.prices)
+        self._by_price.add(order.id, order.payload.prices)
         self._rest(order.id, order.expires_ms, active)
         bids = self.bids.values() if active else (self.bids[k] for k in self._active_bids())
         candidates = sorted(
@@ -313,24 +313,28 @@ class OrderBook:
     def _cheapest(
         self, bid: Bid, now_ms: int, exclude: frozenset[MessageId], reputation: Reputation
     ) -> _Rank | None:
-        """The best rank of every offer that fits ``bid``, searched in ascending CPU price
-        until no offer left can cost less (protocol/offer_index.py): moving data costs
-        nothing or more, so a quote above the best total cannot win."""
-        floor = self._by_cpu_price.floor
-        if floor is None:
+        """The best rank of every offer that fits ``bid``, searched by price cell, cheapest
+        first, until no offer left can cost less (protocol/offer_index.py): moving data
+        costs nothing or more, so a cell whose lowest quote is above the best total cannot
+        hold the winner."""
+        index = self._by_price
+        if index.floor is None:
             return None
-        lowest_quote = quote_by_cpu_price(floor, bid.resources, bid.job.wall_ms)
-        cpu_limit = bid.max_prices.cpu_core_hour
+        lowest = quote_by_cpu_and_memory_price(index.floor, bid.resources, bid.job.wall_ms)
+        memory_limit = bid.max_prices.memory_gib_hour if bid.resources.memory_bytes else None
         best: _Rank | None = None
-        for cpu_price, key in self._by_cpu_price.ascending():
-            if cpu_price > cpu_limit or (best is not None and lowest_quote(cpu_price) > best[0]):
+        for bound, keys in index.cheapest_first(
+            lowest, cpu_limit=bid.max_prices.cpu_core_hour, memory_limit=memory_limit
+        ):
+            if best is not None and bound > best[0]:
                 break
-            offer = self.offers[MessageId(key)]
-            if key in exclude or offer.order.expires_ms <= now_ms:
-                continue
-            if _fits(bid, offer, reputation):
-                candidate = _rank(bid, offer)
-                best = candidate if best is None else min(best, candidate)
+            for key in keys:
+                offer = self.offers[MessageId(key)]
+                if key in exclude or offer.order.expires_ms <= now_ms:
+                    continue
+                if _fits(bid, offer, reputation):
+                    candidate = _rank(bid, offer)
+                    best = candidate if best is None else min(best, candidate)
         return best
 
     def _rest(self, order_id: MessageId, expires_ms: int, active: bool) -> None:
@@ -413,7 +417,7 @@ class OrderBook:
     def _forget(self, key: MessageId) -> None:
         offer = self.offers.pop(key, None)
         if offer is not None:
-            self._by_cpu_price.discard(key, offer.offer.prices)
+            self._by_price.discard(key, offer.offer.prices)
         self.bids.pop(key, None)
         self._active.discard(key)
 

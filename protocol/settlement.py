@@ -31,7 +31,7 @@ __all__ = [
     "cost",
     "memory_byte_us",
     "quote",
-    "quote_by_cpu_price",
+    "quote_by_cpu_and_memory_price",
 ]
 
 _GIB = 1 << 30
@@ -69,14 +69,22 @@ def quote(prices: Prices, reserved: Resources, wall_ms: int) -> int:
     return _cost(prices, reserved, wall_ms, reserved.cpu_milli * wall_ms)
 
 
-def quote_by_cpu_price(others: Prices, reserved: Resources, wall_ms: int) -> Callable[[int], int]:
-    """The quote as a function of the CPU price alone, the other unit prices those of
-    ``others``: the same arithmetic as :func:`quote`, so the same integers."""
+def quote_by_cpu_and_memory_price(
+    others: Prices, reserved: Resources, wall_ms: int
+) -> Callable[[int, int], int]:
+    """The quote as a function of the CPU and memory prices alone, the other unit prices
+    those of ``others``: the same arithmetic as :func:`quote`, so the same integers."""
     rest = _numerator(
-        replace(others, cpu_core_hour=0), reserved, wall_ms, reserved.cpu_milli * wall_ms
+        replace(others, cpu_core_hour=0, memory_gib_hour=0),
+        reserved,
+        wall_ms,
+        reserved.cpu_milli * wall_ms,
     )
     per_cpu_unit = reserved.cpu_milli * wall_ms * _GIB
-    return lambda cpu_price: (per_cpu_unit * cpu_price + rest) // _DENOMINATOR
+    per_memory_unit = reserved.memory_bytes * wall_ms * 1000
+    return lambda cpu, memory: (
+        (per_cpu_unit * cpu + per_memory_unit * memory + rest) // (_DENOMINATOR)
+    )
 
 
 def _cost(prices: Prices, reserved: Resources, wall_ms: int, cpu_us: int) -> int:

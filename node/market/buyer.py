@@ -569,25 +569,29 @@ class Buyer:
     # -- statuses and receipts from providers -----------------------------------------
 
     async def _serve_job(self, raw: Stream) -> None:
+        """Answer a job's statuses and receipt, one frame each, for as long as the provider
+        keeps the stream (node/market/joblink.py)."""
         stream = FramedStream(raw)
-        frame = await stream.receive_frame()
-        if frame is None:
-            return
+        try:
+            while (frame := await stream.receive_frame()) is not None:
+                await stream.send_frame(await self._job_message(frame, raw.remote_peer))
+        except NetworkError as exc:
+            log.info("job stream from %s ended: %s", raw.remote_peer, exc)
+
+    async def _job_message(self, frame: bytes, peer: PeerId) -> bytes:
         try:
             message: Signed[Any] = open_signed(frame)
             if isinstance(message.payload, JobStatus):
                 self._status(frame, message.payload)
-                answer = control(ok=True)
-            elif isinstance(message.payload, UsageReceipt):
-                answer = await self._receipt(frame, message, raw.remote_peer)
-            else:
-                answer = control(error=Reason.WRONG_TYPE.value, detail=message.type)
+                return control(ok=True)
+            if isinstance(message.payload, UsageReceipt):
+                return await self._receipt(frame, message, peer)
+            return control(error=Reason.WRONG_TYPE.value, detail=message.type)
         except ProtocolError as exc:
-            log.warning("refused %s from %s: %s", "job message", raw.remote_peer, exc)
-            answer = control(error=exc.reason.value, detail=str(exc))
+            log.warning("refused %s from %s: %s", "job message", peer, exc)
+            return control(error=exc.reason.value, detail=str(exc))
         except transfer.TransferError as exc:
-            answer = control(error="outputs-unavailable", detail=str(exc))
-        await stream.send_frame(answer)
+            return control(error="outputs-unavailable", detail=str(exc))
 
     def _status(self, wire: bytes, payload: JobStatus) -> None:
         job = self.buying.jobs.get(payload.agreement_id)
@@ -602,10 +606,11 @@ class Buyer:
                 return  # a retry of one we took: its acknowledgement was lost
             raise
         agreement_id = status.payload.agreement_id
-        self.db.set_agreement_state(agreement_id, status.payload.state.value)
-        row = self.db.agreement(agreement_id)
-        if row is not None and row.job_id is not None:
-            self._event(row.job_id, status.payload.state.value, status.payload.detail)
+        with self.db.atomic():  # one commit: the agreement's state and the job's event
+            self.db.set_agreement_state(agreement_id, status.payload.state.value)
+            row = self.db.agreement(agreement_id)
+            if row is not None and row.job_id is not None:
+                self._event(row.job_id, status.payload.state.value, status.payload.detail)
 
     async def _receipt(self, wire: bytes, message: Signed[Any], peer: PeerId) -> bytes:
         """Fetch and check what the receipt names, then countersign and settle it."""

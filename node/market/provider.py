@@ -32,6 +32,7 @@ from node.market.benchmark import measure_work_score
 from node.market.gossip import Market
 from node.market.holdings import follow_holdings, held_now
 from node.market.invitations import send_invitations
+from node.market.joblink import JobLink
 from node.market.livelogs import CHUNK, answer_logs
 from node.market.quotas import feed_spend, group_uses
 from node.market.repricing import asking_now, follow_prices
@@ -39,7 +40,6 @@ from node.market.secrets import SealKey, receive_secrets
 from node.market.stopping import answer_stop
 from node.net.transport import FramedStream, NetworkError, PeerId, Stream
 from node.net.wire import (
-    JOB,
     LOGS,
     NEGOTIATE,
     PING,
@@ -47,7 +47,6 @@ from node.net.wire import (
     PeerRefused,
     control,
     read_control,
-    request,
 )
 from node.storage.db import Database
 from node.storage.home import ProviderConfig, S3Config
@@ -147,6 +146,7 @@ class Provider:
         self._running: dict[bytes, _Running] = {}
         self._nursery: trio.Nursery | None = None
         self._wake = trio.Event()
+        self._queued: dict[bytes, trio.Event] = {}  # agreement id -> its lane's next message
         self._delivering: set[tuple[str, bytes]] = set()  # (buyer, agreement) lanes
         self._pricing = config.effective_pricing()
         self._prices = config.prices  # asked now: the policies move them from here
@@ -378,6 +378,7 @@ class Provider:
         finally:
             running.done.set()
             del self._running[agreement.id]
+            self._queued_now(agreement.id)  # its lane stops waiting for more messages
 
     async def _run(
         self, agreement: Agreement, running: _Running, credentials: Credentials | None
@@ -411,8 +412,9 @@ class Provider:
                 exit_code=-1,
             )
             return
-        self.db.mark_started(agreement.id, self.market.now_ms())
-        self._tell(agreement, JobState.RUNNING, "container started")
+        with self.db.atomic():  # one commit: started, and the status that says so queued
+            self.db.mark_started(agreement.id, self.market.now_ms())
+            self._tell(agreement, JobState.RUNNING, "container started")
         try:
             with self.market.store.holding(job_blobs(self.market.store, job, resume)):
                 result = await self.executor.run_job(
@@ -458,7 +460,13 @@ class Provider:
             self.db.set_agreement_state(agreement.id, state.value)
             self.db.queue(agreement.id, peer, wire)
         self._wake.set()
+        self._queued_now(agreement.id)
         self.market.touch()
+
+    def _queued_now(self, agreement_id: bytes) -> None:
+        wake = self._queued.pop(agreement_id, None)
+        if wake is not None:
+            wake.set()
 
     def _receipt(self, agreement: Agreement, result: JobResult) -> None:
         logs = tuple(
@@ -568,21 +576,32 @@ class Provider:
                 await self._wake.wait()
 
     async def _deliver_to(self, lane: tuple[str, bytes]) -> None:
-        """Deliver one job's queued messages to its buyer in order; stop at the first that
-        fails."""
-        peer = lane[0]
+        """Deliver one job's queued messages to its buyer in order, on one stream while the
+        job runs (node/market/joblink.py); stop at the first that fails."""
+        peer, agreement_id = lane
+        link = JobLink(self.market.net, PeerId(peer))
         delivered = False
         try:
-            for item_id, agreement_id, _, wire in _in_lane(self.db.outbox(), lane):
-                if not await self._deliver(item_id, agreement_id, PeerId(peer), wire):
-                    return
+            while True:
+                # Taken before looking: a message queued after it wakes us.
+                queued = self._queued.setdefault(agreement_id, trio.Event())
+                items = _in_lane(self.db.outbox(), lane)
+                if not items and agreement_id not in self._running:
+                    break
+                if not items:  # the job runs: its next status or receipt comes on this stream
+                    await queued.wait()
+                for item_id, _, _, wire in items:
+                    if not await self._deliver(item_id, agreement_id, link, wire):
+                        return
             delivered = True
         finally:
             self._delivering.discard(lane)
+            self._queued.pop(agreement_id, None)
+            await link.aclose()
             if delivered:  # a message queued while we delivered goes now, not at the retry
                 self._wake.set()
 
-    async def _deliver(self, item_id: int, agreement_id: bytes, peer: PeerId, wire: bytes) -> bool:
+    async def _deliver(self, item_id: int, agreement_id: bytes, link: JobLink, wire: bytes) -> bool:
         try:
             is_receipt = isinstance(open_signed(wire).payload, UsageReceipt)
         except ProtocolError as exc:
@@ -591,7 +610,7 @@ class Provider:
 
         try:
             with trio.fail_after(self.timings.delivery_timeout_s):
-                answer = await request(self.market.net, peer, JOB, wire)
+                answer = await link.ask(wire)
             read_control(answer)  # raises PeerRefused for an error answer
             if is_receipt:
                 self._settle(item_id, answer)  # the answer is the countersigned receipt
@@ -602,7 +621,7 @@ class Provider:
             final = not is_receipt or exc.reason in {r.value for r in _FINAL_REFUSALS}
             log.warning(
                 "%s refused %s for %s: %s",
-                peer,
+                link.peer,
                 "receipt" if is_receipt else "status",
                 agreement_id.hex()[:16],
                 exc,
@@ -611,7 +630,7 @@ class Provider:
                 self.db.delivered(item_id)
             return final
         except (NetworkError, trio.TooSlowError, ProtocolError) as exc:
-            log.info("delivery to %s failed, will retry: %s", peer, exc)
+            log.info("delivery to %s failed, will retry: %s", link.peer, exc)
             return False
 
     def _settle(self, item_id: int, countersigned: bytes) -> None:

@@ -86,7 +86,7 @@ import logging
 import os
 import time
 import weakref
-from collections.abc import AsyncIterator, Awaitable, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable, Sequence
 from dataclasses import dataclass, field
 from importlib.metadata import version
 from typing import TYPE_CHECKING, Any
@@ -94,7 +94,7 @@ from typing import TYPE_CHECKING, Any
 import multiaddr
 import trio
 from libp2p import new_host
-from libp2p.abc import IMuxedConn, INetConn, INetwork, INotifee
+from libp2p.abc import IMultiselectCommunicator, IMuxedConn, INetConn, INetwork, INotifee
 from libp2p.crypto.ed25519 import Ed25519PrivateKey
 from libp2p.crypto.keys import KeyPair
 from libp2p.crypto.x25519 import create_new_key_pair as new_x25519_key_pair
@@ -111,6 +111,14 @@ from libp2p.network.stream.exceptions import StreamEOF
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import InvalidAddrError, info_from_p2p_addr
 from libp2p.peer.peerstore import PeerStoreError
+from libp2p.protocol_muxer.exceptions import MultiselectClientError, MultiselectCommunicatorError
+from libp2p.protocol_muxer.multiselect import is_valid_handshake
+from libp2p.protocol_muxer.multiselect_client import (
+    DEFAULT_NEGOTIATE_TIMEOUT,
+    MULTISELECT_PROTOCOL_ID,
+    PROTOCOL_NOT_FOUND_MSG,
+    MultiselectClient,
+)
 from libp2p.pubsub import pubsub as pubsub_module
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
@@ -364,6 +372,43 @@ async def _write_control_frames(
             return
 
 
+class _PipelinedSelect(MultiselectClient):
+    """Ask for a stream's one protocol in the same flight as the multistream header.
+
+    0.8.1's client waits for the answer to its header before it names the protocol: one
+    round trip more per stream than the protocol needs, and under load the larger part of
+    a short request's time (node/market/joblink.py). The answering side reads the two
+    messages in order as before (it sends its own header first, unasked), so only the
+    waiting changes. Offers of several protocols go the old way.
+    """
+
+    async def select_one_of(
+        self,
+        protocols: Sequence[TProtocol],
+        communicator: IMultiselectCommunicator,
+        negotiate_timeout: int = DEFAULT_NEGOTIATE_TIMEOUT,
+    ) -> TProtocol:
+        if len(protocols) != 1 or protocols[0] is None:
+            return await super().select_one_of(protocols, communicator, negotiate_timeout)
+        [protocol] = protocols
+        with trio.move_on_after(negotiate_timeout):
+            try:
+                await communicator.write(MULTISELECT_PROTOCOL_ID)
+                await communicator.write(protocol)
+                handshake = await communicator.read()
+                answer = await communicator.read()
+            except MultiselectCommunicatorError as exc:
+                raise MultiselectClientError(f"negotiating {protocol}: {exc}") from exc
+            if not is_valid_handshake(handshake):
+                raise MultiselectClientError(f"multistream header mismatch: {handshake!r}")
+            if answer == protocol:
+                return protocol
+            if answer == PROTOCOL_NOT_FOUND_MSG:
+                raise MultiselectClientError(f"protocol not supported: {protocol}")
+            raise MultiselectClientError(f"unrecognized answer {answer!r} to {protocol}")
+        raise MultiselectClientError(f"no answer within {negotiate_timeout}s for {protocol}")
+
+
 def _check_libp2p_version() -> None:
     if version("libp2p") != LIBP2P_VERSION:  # pragma: no cover - guard for upgrades
         logger.warning(
@@ -435,6 +480,7 @@ def _build_host(key: PrivateKey, config: P2PConfig) -> BasicHost:
     swarm.retry_config = RetryConfig(max_retries=1, initial_delay=0.05, max_delay=0.2)
     if not isinstance(host, BasicHost):  # pragma: no cover - new_host's contract
         raise TypeError(f"unexpected host type {type(host).__name__}")
+    host.multiselect_client = _PipelinedSelect()
     return host
 
 

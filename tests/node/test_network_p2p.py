@@ -36,6 +36,7 @@ from node.net.transport import (
     DialError,
     FramedStream,
     Gossip,
+    NetworkError,
     PeerId,
     ProtocolId,
     Stream,
@@ -211,6 +212,27 @@ async def test_redial_after_restart_at_a_new_address() -> None:
                 assert await framed.receive_frame() == b"still there?"
                 await framed.aclose()
             second_life.cancel_scope.cancel()
+
+
+async def test_a_stream_names_its_protocol_with_the_header_and_an_unserved_one_is_refused() -> None:
+    """Our client sends the multistream header and the protocol in one flight
+    (``_PipelinedSelect``): libp2p's answering side still takes them in order, and says
+    "na" to a protocol it does not serve, which surfaces as a NetworkError."""
+    async with open_nodes(2) as (a, b):
+        b.serve(ECHO, echo)
+        with trio.fail_after(BOUND):
+            await a.connect(b.listen_addrs[0])
+            for n in range(3):
+                framed = FramedStream(await a.open_stream(b.peer_id, ECHO))
+                await framed.send_frame(b"frame %d" % n)
+                assert await framed.receive_frame() == b"frame %d" % n
+                await framed.aclose()
+            with pytest.raises(NetworkError):
+                await a.open_stream(b.peer_id, ProtocolId("/cx/test/nobody-serves-this/1"))
+            framed = FramedStream(await a.open_stream(b.peer_id, ECHO))  # the link survives
+            await framed.send_frame(b"after")
+            assert await framed.receive_frame() == b"after"
+            await framed.aclose()
 
 
 async def test_gossipsub_is_tuned_and_pubsub_queues_are_deepened() -> None:
