@@ -68,6 +68,8 @@ CREATE TABLE IF NOT EXISTS ledger (
     agreement_id BLOB PRIMARY KEY, payer BLOB NOT NULL, payee BLOB NOT NULL,
     amount INTEGER NOT NULL, at_ms INTEGER NOT NULL
 );
+-- A provider's quotas ask what each payer paid it today at every proposal (paid_to).
+CREATE INDEX IF NOT EXISTS ledger_payee_at ON ledger (payee, at_ms);
 CREATE TABLE IF NOT EXISTS outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT, agreement_id BLOB NOT NULL, peer TEXT NOT NULL,
     wire BLOB NOT NULL
