@@ -227,12 +227,7 @@ class BlobStore:
 
     def recently_used(self, *, min_bytes: int = 0) -> list[str]:
         """Blobs of at least ``min_bytes``, most recently used first (the LRU clock)."""
-        found = []
-        for p in self._blobs.iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                st = p.stat()
-                if st.st_size >= min_bytes:
-                    found.append((-st.st_atime_ns, p.name))
+        found = [(-st.st_atime_ns, name) for name, st in self._stats() if st.st_size >= min_bytes]
         return ["sha256:" + name for _, name in sorted(found)]
 
     def delete(self, digest: str) -> None:
@@ -242,12 +237,18 @@ class BlobStore:
 
     # -- the cache budget --------------------------------------------------------------------
 
-    def _scan(self) -> int:
-        total = 0
+    def _stats(self) -> Iterator[tuple[str, os.stat_result]]:
+        """Each blob file's name and stat (one deleted meanwhile is left out): the size
+        and the LRU clock of the budget and of an offer's held blobs."""
         for p in self._blobs.iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                total += p.stat().st_size
-        return total
+            try:
+                st = p.stat()
+            except FileNotFoundError:
+                continue
+            yield p.name, st
+
+    def _scan(self) -> int:
+        return sum(st.st_size for _, st in self._stats())
 
     def needed(self) -> set[str]:
         """Blobs eviction must keep: named by a ref other than an image's, or live."""
@@ -275,12 +276,10 @@ class BlobStore:
         spare = self.needed() | set(keep)
         blobs = []
         total = 0
-        for p in self._blobs.iterdir():
-            with contextlib.suppress(FileNotFoundError):
-                st = p.stat()
-                total += st.st_size
-                if "sha256:" + p.name not in spare:
-                    blobs.append((st.st_atime, p.name, st.st_size))
+        for name, st in self._stats():
+            total += st.st_size
+            if "sha256:" + name not in spare:
+                blobs.append((st.st_atime, name, st.st_size))
         removed, freed = [], 0
         for _, name, size in sorted(blobs):
             if total - freed <= self.budget_bytes:
