@@ -524,6 +524,7 @@ class Provider:
         self.config = dataclasses.replace(self.config, quotas=quotas)
         self.selling.quotas = quotas
         self._invite()
+        self.market.touch()  # the dashboard shows the groups
 
     def quota_use(self) -> list[tuple[Quota, GroupUse]]:
         """Each quota group with what it holds and spent now."""

@@ -173,19 +173,35 @@ def test_a_provider_sees_its_machine_and_the_jobs_holding_it(
         browser, "the machine card", lambda d: d.find_element(By.ID, "machine-card").is_displayed()
     )
     assert "0 cores of 2 cores reserved" in text(browser, '[data-resource="cpu_milli"]')
+    assert text(browser, "#quotas tbody") == "no quotas: every buyer is served alike"
 
-    # Half a core's worth of busy loop for a few seconds: its use shows up, measured.
-    market.submit("end=$(($(date +%s) + 6)); while [ $(date +%s) -lt $end ]; do :; done")
-    wait_for(
-        browser,
-        "a running job on the machine",
-        lambda d: text(d, "#running tbody [data-state]") == "running",
-    )
-    assert "0.5 cores of 2 cores reserved" in text(browser, '[data-resource="cpu_milli"]')
-    wait_for(browser, "the CPU it uses", lambda d: "core" in text(d, "#running .cpu-used"))
-    assert text(browser, "#running .cpu-used") != "0 cores"
-    assert text(browser, "#running .memory-peak").endswith(("KiB", "MiB"))
-    screenshot(browser, "dashboard-provider")
+    config = market.provider.home / "config.toml"
+    before = config.read_text()
+    config.write_text(before + '\n[[provider.quota]]\nname = "everyone"\njobs = 3\n')
+    reload = [CX, "quota", "--reload", "--home", str(market.provider.home)]
+    try:
+        subprocess.run(reload, check=True, capture_output=True)
+        group = '#quotas [data-group="everyone"]'
+        wait_for(browser, "the quota group", lambda d: d.find_elements(By.CSS_SELECTOR, group))
+        assert text(browser, f'{group} [data-quota="jobs"]') == "0 of 3"
+
+        # Half a core's worth of busy loop for a few seconds: its use shows up, measured.
+        market.submit("end=$(($(date +%s) + 6)); while [ $(date +%s) -lt $end ]; do :; done")
+        wait_for(
+            browser,
+            "a running job on the machine",
+            lambda d: text(d, "#running tbody [data-state]") == "running",
+        )
+        assert "0.5 cores of 2 cores reserved" in text(browser, '[data-resource="cpu_milli"]')
+        assert text(browser, f'{group} [data-quota="jobs"]') == "1 of 3"
+        assert text(browser, f'{group} [data-quota="cpu_milli"]') == "0.5 cores of no limit"
+        wait_for(browser, "the CPU it uses", lambda d: "core" in text(d, "#running .cpu-used"))
+        assert text(browser, "#running .cpu-used") != "0 cores"
+        assert text(browser, "#running .memory-peak").endswith(("KiB", "MiB"))
+        screenshot(browser, "dashboard-provider")
+    finally:
+        config.write_text(before)
+        subprocess.run(reload, check=True, capture_output=True)
 
 
 def test_the_control_api_page_tries_a_reading_operation_and_shows_curl_for_the_rest(

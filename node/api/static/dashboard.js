@@ -184,6 +184,7 @@ function renderMachine() {
     h("td", { class: "cpu-used" }, r.cores_used === undefined ? "–" : cores(r.cores_used * 1000)),
     h("td", { class: "memory-peak" }, r.memory_peak_bytes === null ? "–" : bytes(r.memory_peak_bytes)),
     h("td", {}, r.started_ms ? ago(r.started_ms) : "–"))), "no jobs running here", 9);
+  renderQuotas(snap.node.quotas);
   machineHistory.push({
     at: snap.at_ms,
     reserved: used("cpu_milli") / (p.cpu_milli || 1),
@@ -199,6 +200,18 @@ function renderMachine() {
     if (pts.length === 1) pts.push(`600,${pts[0].split(",")[1]}`);
     chart.append(svg("polyline", { points: pts.join(" "), fill: "none", stroke: colour, "stroke-width": 2, "stroke-dasharray": dash }));
   }
+}
+
+// Each quota cell is "used of limit"; a limit left out of config.toml is no limit.
+function renderQuotas(groups) {
+  const of = (q, key, fmt) => h("td", { "data-quota": key },
+    `${fmt(q.used[key])} of ${q.limits[key] === null ? "no limit" : fmt(q.limits[key])}`);
+  fill($("#quotas tbody"), groups.map((q) => h("tr", { "data-group": q.name },
+    h("td", {}, q.name),
+    h("td", {}, q.peers.length ? `${q.peers.length} peer${q.peers.length > 1 ? "s" : ""}` : "everyone else"),
+    h("td", { class: "num" }, q.priority),
+    of(q, "jobs", String), of(q, "cpu_milli", cores), of(q, "memory_bytes", bytes), of(q, "gpus", String),
+    of(q, "credits_per_day", credits))), "no quotas: every buyer is served alike", 8);
 }
 
 // -- the live stream -------------------------------------------------------------------------
