@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import os
 import socket
 import subprocess
 import sys
@@ -18,7 +19,7 @@ from typing import Any
 import pytest
 from process_support import free_port
 
-from node.storage.home import Home, NodeConfig, ProviderConfig, init_home
+from node.storage.home import Home, HomeError, NodeConfig, ProviderConfig, init_home
 from protocol.messages import Arch, Prices, Resources
 
 pytestmark = pytest.mark.integration
@@ -80,6 +81,23 @@ def test_a_home_runs_one_node(tmp_path):
     with running_node(home) as (again, started):  # the lock went with the process
         assert started["peer_id"] == home.key().peer_id
         assert again.poll() is None
+
+
+def test_a_home_this_process_released_is_taken_again_while_a_spawn_holds_its_lock(tmp_path):
+    """A process being spawned holds a copy of every descriptor until it execs, so the lock
+    of a node this process just stopped lingers for that long: a node restarted in the same
+    process (an embedding tool, a test) waits it out instead of calling its own home busy.
+    A node of this process that still runs keeps the home to itself."""
+    home = init_home(tmp_path / "home", NodeConfig())
+    held = home.lock()
+    with pytest.raises(HomeError, match=f"in use by another node \\(pid {os.getpid()}\\)"):
+        home.lock()
+    # The child stands for a spawn caught between fork and exec: it holds the lock's copy.
+    spawn = subprocess.Popen(["sleep", "0.3"], pass_fds=[held.fd or -1])
+    held.release()
+    again = home.lock()
+    assert spawn.poll() is not None  # it was the last copy, and taking the lock waited for it
+    again.release()
 
 
 def test_node_json_says_where_it_is_in_one_line(tmp_path):
