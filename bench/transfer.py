@@ -35,6 +35,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio
 
+from node.gc_policy import tune_gc
 from node.net.p2p import serve_network
 from node.net.transport import FramedStream, Network, PeerId, ProtocolId, Stream
 from node.storage import transfer
@@ -263,6 +264,7 @@ def main() -> None:
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the child's mode
     args = parser.parse_args()
     transfer.STREAMS_PER_PEER, transfer.BATCH = args.streams, args.batch
+    tune_gc()  # as `cx node` does, in both nodes
     if args.serve:
         trio.run(child, args.serve)
         return

@@ -51,7 +51,7 @@ from typing import Any, cast
 
 import trio
 
-from node.net.direct import SealedStream, connect_channel
+from node.net.direct import SealedFramedStream, SealedStream, connect_channel
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -62,6 +62,7 @@ from node.net.transport import (
     Stream,
     StreamClosed,
 )
+from node.storage.partial import PartialBlob
 from node.storage.store import BlobStore, CorruptBlob, StoreError
 from node.storage.transfer_direct import DirectServer
 from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
@@ -193,9 +194,22 @@ async def _serve_stream(
         for index in indices:
             # A StoreError here (blob deleted, or found corrupt and removed) ends the
             # stream; the requester moves these chunks to another peer.
-            data = await trio.to_thread.run_sync(store.read_chunk, manifest, index)
-            await framed.send_frame(data)
-            store.traffic["sent"] += len(data)
+            store.traffic["sent"] += await _send_chunk(store, manifest, index, framed)
+
+
+async def _send_chunk(
+    store: BlobStore, manifest: ChunkManifest, index: int, framed: FramedStream
+) -> int:
+    """Read chunk ``index``, verified, and send it; returns its length. Over a direct
+    channel it is read into the channel's own buffer, sealed before the next read."""
+    if isinstance(framed, SealedFramedStream):
+        buffer = framed.chunk_buffer(CHUNK_SIZE)
+        view = await trio.to_thread.run_sync(store.read_chunk_into, manifest, index, buffer)
+        await framed.send_frame(view)
+        return len(view)
+    data = await trio.to_thread.run_sync(store.read_chunk, manifest, index)
+    await framed.send_frame(data)
+    return len(data)
 
 
 def _decode_request(frame: bytes) -> dict[str, Value]:
@@ -257,6 +271,16 @@ async def _body(framed: FramedStream) -> bytes:
     return frame
 
 
+async def _chunk_body(framed: FramedStream) -> bytes | memoryview:
+    """A chunk's frame; over a direct channel, a view valid until the next receive."""
+    if isinstance(framed, SealedFramedStream):
+        frame = await framed.receive_frame_view()
+        if frame is None:
+            raise StreamClosed(NetReason.CLOSED, "the peer ended the stream before its reply")
+        return frame
+    return await _body(framed)
+
+
 async def _ask_manifest(net: Network, peer: PeerId, digest: str) -> ChunkManifest:
     async with _open(net, peer) as framed:
         await _request(framed, {"op": "manifest", "blob": digest})
@@ -302,14 +326,15 @@ class _Transfer:
         self,
         net: Network,
         store: BlobStore,
-        manifest: ChunkManifest,
+        partial: PartialBlob,
         missing: list[int],
         progress: Progress | None,
         on_bad_peer: BadPeer | None,
         *,
         direct: bool,
     ) -> None:
-        self.net, self.store, self.manifest = net, store, manifest
+        self.net, self.store, self.partial = net, store, partial
+        self.manifest = manifest = partial.manifest
         self.progress, self.on_bad_peer = progress, on_bad_peer
         # Peers whose direct channel could not be opened keep to libp2p streams.
         self.direct, self.no_direct = direct, set[PeerId]()
@@ -317,11 +342,9 @@ class _Transfer:
         self.in_flight = 0
         self.done_bytes = manifest.size - sum(manifest.span(i)[1] for i in missing)
         self.dropped: dict[PeerId, str] = {}
-        # What ends the whole transfer: a false manifest, or our own disk failing.
-        self.fatal: CorruptBlob | OSError | None = None
+        # What ends the whole transfer: our own disk failing.
+        self.fatal: OSError | None = None
         self._changed = trio.Event()
-        # put_chunk finishes the blob when it sees every index; two at once would race there.
-        self._write_lock = trio.Lock()
 
     async def run(self, peers: Sequence[PeerId]) -> None:
         per_peer = min(STREAMS_PER_PEER, -(-len(self.queue) // BATCH))
@@ -414,7 +437,7 @@ class _Transfer:
             self.no_direct.add(peer)
             logger.info("no direct channel to %s, using libp2p streams: %s", peer, exc)
             return None
-        return FramedStream(channel, max_frame=MAX_FRAME)
+        return SealedFramedStream(channel, max_frame=MAX_FRAME)
 
     async def _fetch(self, framed: FramedStream, batch: list[int]) -> None:
         """Fetch and store ``batch``, removing each index from it once stored."""
@@ -422,19 +445,19 @@ class _Transfer:
         await _request(framed, {"op": "chunks", "blob": blob, "indices": list(batch)})
         while batch:
             with trio.fail_after(CHUNK_TIMEOUT):
-                data = await _body(framed)
-            await self._store(batch[0], data)
+                data = await _chunk_body(framed)
+            await self._store(batch[0], data)  # done with data before the next receive
             batch.pop(0)
             self.in_flight -= 1
 
-    async def _store(self, index: int, data: bytes) -> None:
-        async with self._write_lock:
-            try:
-                await trio.to_thread.run_sync(self.store.put_chunk, self.manifest, index, data)
-            except (CorruptBlob, OSError) as exc:
-                self.fatal = exc
-                self.nursery.cancel_scope.cancel()
-                return
+    async def _store(self, index: int, data: bytes | memoryview) -> None:
+        # Verified, written and fsynced in a worker thread, beside the other streams' chunks.
+        try:
+            await trio.to_thread.run_sync(self.partial.put, index, data)
+        except OSError as exc:
+            self.fatal = exc
+            self.nursery.cancel_scope.cancel()
+            return
         self.done_bytes += len(data)
         self.store.traffic["received"] += len(data)
         if self.progress is not None:
@@ -496,35 +519,36 @@ async def _fetch_blob(
         return digest
     peers = list(dict.fromkeys(peers))
     manifest, source = await _find_manifest(net, digest, peers, on_bad_peer)
-    missing = await trio.to_thread.run_sync(store.missing_chunks, manifest)
     if not manifest.chunks:
         await trio.to_thread.run_sync(store.put_bytes, b"")
         return digest
-    if not missing and not store.has(digest):
-        # Every chunk was recorded but the blob never finished (a crash just before):
-        # storing any chunk again makes the store finish it.
-        missing = [0]
-    transfer = _Transfer(net, store, manifest, missing, progress, on_bad_peer, direct=direct)
-    await transfer.run(peers)
-    if isinstance(transfer.fatal, OSError):
-        raise transfer.fatal
-    if transfer.fatal is not None:
-        if on_bad_peer is not None:
-            on_bad_peer(source, "false manifest")
-        raise TransferError(
-            TransferReason.FALSE_MANIFEST,
-            f"{source} sent a false manifest for {digest}; chunks discarded, "
-            "fetch again from other peers",
-            peer=source,
-        ) from transfer.fatal
-    if not store.has(digest):
-        failures = "; ".join(f"{p}: {why}" for p, why in transfer.dropped.items())
-        raise TransferError(
-            TransferReason.ALL_PEERS_FAILED,
-            f"every peer failed before blob {digest} was complete ({failures}); "
-            "what arrived is kept, retry with more peers",
+    with await trio.to_thread.run_sync(store.open_partial, manifest) as partial:
+        # Resumed where an earlier transfer stopped (a crash may even have come between
+        # its last chunk and the commit: then nothing is missing).
+        transfer = _Transfer(
+            net, store, partial, partial.missing(), progress, on_bad_peer, direct=direct
         )
-    return digest
+        await transfer.run(peers)
+        if transfer.fatal is not None:
+            raise transfer.fatal
+        if not partial.complete:
+            failures = "; ".join(f"{p}: {why}" for p, why in transfer.dropped.items())
+            raise TransferError(
+                TransferReason.ALL_PEERS_FAILED,
+                f"every peer failed before blob {digest} was complete ({failures}); "
+                "what arrived is kept, retry with more peers",
+            )
+        try:
+            return await trio.to_thread.run_sync(store.finish_partial, partial)
+        except CorruptBlob as exc:
+            if on_bad_peer is not None:
+                on_bad_peer(source, "false manifest")
+            raise TransferError(
+                TransferReason.FALSE_MANIFEST,
+                f"{source} sent a false manifest for {digest}; chunks discarded, "
+                "fetch again from other peers",
+                peer=source,
+            ) from exc
 
 
 # -- images ----------------------------------------------------------------------------------

@@ -22,7 +22,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from node.net.direct import SealedStream, accept_channel, listener_port, open_listener
+from node.net.direct import (
+    SealedFramedStream,
+    SealedStream,
+    accept_channel,
+    listener_port,
+    open_listener,
+)
 from node.net.transport import FramedStream, PeerId
 from protocol.direct import NONCE_SIZE, DirectOffer, derive_keys
 from protocol.encoding import encode
@@ -107,7 +113,7 @@ class DirectServer:
             return
         self.opened += 1
         try:
-            await self._serve(FramedStream(channel, max_frame=self._max_frame))
+            await self._serve(SealedFramedStream(channel, max_frame=self._max_frame))
         finally:
             await channel.aclose()
 

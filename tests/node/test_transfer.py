@@ -50,6 +50,10 @@ class CountingStore(BlobStore):
         self.served.append(index)
         return super().read_chunk(manifest, index)
 
+    def read_chunk_into(self, manifest: ChunkManifest, index: int, out: memoryview) -> memoryview:
+        self.served.append(index)  # how a direct channel's server reads (real libp2p only)
+        return super().read_chunk_into(manifest, index, out)
+
 
 class LyingStore(CountingStore):
     """Serves every chunk with its first byte flipped."""

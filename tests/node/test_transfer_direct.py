@@ -97,11 +97,18 @@ class OnceFailingStore(BlobStore):
 
     failed = False
 
-    def read_chunk(self, manifest: ChunkManifest, index: int) -> bytes:
+    def _fail_once(self, manifest: ChunkManifest, index: int) -> None:
         if index == 1 and not self.failed:
             self.failed = True
             raise BlobNotFound(manifest.blob)
+
+    def read_chunk(self, manifest: ChunkManifest, index: int) -> bytes:
+        self._fail_once(manifest, index)
         return super().read_chunk(manifest, index)
+
+    def read_chunk_into(self, manifest: ChunkManifest, index: int, out: memoryview) -> memoryview:
+        self._fail_once(manifest, index)  # a direct channel's server reads this way
+        return super().read_chunk_into(manifest, index, out)
 
 
 async def test_a_channel_that_breaks_mid_transfer_gives_way_to_libp2p(tmp_path, caplog):
