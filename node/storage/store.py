@@ -116,6 +116,10 @@ class BlobStore:
         # Chunk bytes served to and fetched from peers since start (node/storage/transfer.py
         # counts them, in the event loop); /metrics shows them.
         self.traffic = {"sent": 0, "received": 0}
+        # Direct channels (spec/content.md) by (role, outcome): ("server", "opened" or
+        # "refused"), ("requester", "opened" or "fell-back" to libp2p streams); counted by
+        # node/storage/transfer.py and transfer_direct.py, shown by /metrics.
+        self.direct_channels: Counter[tuple[str, str]] = Counter()
 
     # -- writing ---------------------------------------------------------------------------
 

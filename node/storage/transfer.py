@@ -79,6 +79,7 @@ from protocol.messages import check_digest
 
 __all__ = [
     "BLOB_PROTOCOL",
+    "DIRECT_CHANNEL_OUTCOMES",
     "TransferError",
     "TransferReason",
     "fetch_blob",
@@ -90,6 +91,13 @@ logger = logging.getLogger(__name__)
 
 BLOB_PROTOCOL = ProtocolId("/cx/blob/1")
 MAX_FRAME = CHUNK_SIZE  # the largest body; a 4096-chunk manifest is about 140 KiB
+# What BlobStore.direct_channels counts, by (role, outcome); /metrics shows each.
+DIRECT_CHANNEL_OUTCOMES = (
+    ("requester", "opened"),
+    ("requester", "fell-back"),  # refused, unreachable, no TCP path, or broke mid-transfer
+    ("server", "opened"),
+    ("server", "refused"),
+)
 STREAMS_PER_PEER = 4  # enough to keep the link busy while one stream waits for a reply
 BATCH = 2  # chunks per request: a small tail, and little to redo when a peer fails
 CHUNK_TIMEOUT = 30.0  # seconds for one frame; a peer slower than ~140 KB/s is dropped
@@ -151,7 +159,11 @@ def serve_blobs(net: Network, store: BlobStore, *, direct: bool = True) -> Direc
     async def serve_channel(framed: FramedStream) -> None:
         await _serve_stream(store, framed)
 
-    channels = DirectServer(net.peer_id, serve_channel, max_frame=MAX_FRAME) if direct else None
+    channels = (
+        DirectServer(net.peer_id, serve_channel, max_frame=MAX_FRAME, counts=store.direct_channels)
+        if direct
+        else None
+    )
 
     async def handler(stream: Stream) -> None:
         try:
@@ -395,7 +407,7 @@ class _Transfer:
                             raise
                         # The channel broke, not necessarily the peer: what is left of the
                         # batch goes over libp2p streams (chunks stored stay stored).
-                        self.no_direct.add(peer)
+                        self._fall_back(peer)
                         logger.info("direct channel to %s broke, using libp2p: %s", peer, exc)
         except _PEER_FAILURES as exc:
             self._drop(peer, exc)
@@ -407,6 +419,8 @@ class _Transfer:
         """A direct channel to ``peer`` when one opens, else a libp2p stream."""
         async with _open(self.net, peer) as stream:
             host = stream.stream.remote_host
+            if host is None and self.direct:
+                self._fall_back(peer)  # relayed or in memory: no TCP path to take
             if not self.direct or peer in self.no_direct or host is None:
                 yield stream
                 return
@@ -434,10 +448,17 @@ class _Transfer:
             keys = derive_keys(nonce, offer.nonce, self.net.peer_id, peer, we_request=True)
             channel = await connect_channel(host, offer.port, keys, peer)
         except _PEER_FAILURES as exc:
-            self.no_direct.add(peer)
+            self._fall_back(peer)
             logger.info("no direct channel to %s, using libp2p streams: %s", peer, exc)
             return None
+        self.store.direct_channels["requester", "opened"] += 1
         return SealedFramedStream(channel, max_frame=MAX_FRAME)
+
+    def _fall_back(self, peer: PeerId) -> None:
+        """``peer`` keeps to libp2p streams for the rest of this transfer (counted once)."""
+        if peer not in self.no_direct:
+            self.no_direct.add(peer)
+            self.store.direct_channels["requester", "fell-back"] += 1
 
     async def _fetch(self, framed: FramedStream, batch: list[int]) -> None:
         """Fetch and store ``batch``, removing each index from it once stored."""
