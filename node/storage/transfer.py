@@ -98,8 +98,8 @@ DIRECT_CHANNEL_OUTCOMES = (
     ("server", "opened"),
     ("server", "refused"),
 )
-STREAMS_PER_PEER = 4  # enough to keep the link busy while one stream waits for a reply
-BATCH = 2  # chunks per request: a small tail, and little to redo when a peer fails
+STREAMS_PER_PEER = 2  # one receives while the other waits for a reply or its chunk is stored
+BATCH = 4  # chunks per request: few round trips, and little to redo when a peer fails
 CHUNK_TIMEOUT = 30.0  # seconds for one frame; a peer slower than ~140 KB/s is dropped
 # A peer serving a blob for the first time hashes all of it (up to 16 GiB) to make the
 # manifest, so the first reply may take far longer than a chunk.

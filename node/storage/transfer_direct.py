@@ -44,7 +44,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_CHANNELS = 32
-MAX_PER_PEER = 8  # twice the streams a fetching peer opens (transfer.STREAMS_PER_PEER)
+MAX_PER_PEER = 8  # several fetches by one peer at once (transfer.STREAMS_PER_PEER each)
 ACCEPT_TIMEOUT = 10.0  # seconds for the requester to connect and prove the key
 IDLE_TIMEOUT = 60.0  # seconds a channel may wait for a request or a send may block
 
