@@ -8,23 +8,28 @@ Rules:
   text}``; after ``ok`` come raw frames: the chunk manifest, or each requested chunk in the
   order asked. Bulk bytes are not wrapped in msgpack: the receiver checks them by hash.
 - Serving: only complete blobs are served, every chunk checked as it is read
-  (BlobStore.read_chunk); a bad request ends the stream after its error reply.
+  (BlobStore.read_chunk, or read_chunk_into the channel's own buffer over a direct
+  channel); a bad request ends the stream after its error reply.
 - Fetching: the manifest comes from the first peer that has the blob and must name it.
   The missing chunks (BlobStore.missing_chunks, so a transfer resumes) are then pulled from
   every peer at once, over several streams per peer, each asking for a few chunks at a
   time: one yamux stream alone stays far below the link (PLATFORM.md). The first batches
-  are dealt round-robin over the peers; then idle streams take what is left.
+  are dealt round-robin over the peers; then idle streams take what is left. Each chunk is
+  verified, written and fsynced in a worker thread as it arrives, beside the other
+  streams' chunks, and the whole blob is hashed as contiguous chunks land
+  (node/storage/partial.py): the digest check at the end (rule 8) has little left to do.
 - Direct channels (spec/content.md, "Direct channel"; node/storage/transfer_direct.py
   serves them): each stream for chunks first asks its peer for one and, if it opens,
   fetches over it instead, the negotiating stream held open beside it. A peer that
   cannot give one (relayed, refused, unreachable, a server that predates them), or
   whose channel breaks, keeps to libp2p streams for the rest of the transfer. Chunks are
-  verified the same either way.
+  verified the same either way. BlobStore.direct_channels counts what happened.
 - A peer that is unreachable, breaks the wire rules, stalls, or sends a chunk that fails
   verification is dropped for this transfer and its unfinished chunks go to the others.
   Those that misbehaved (not those that merely failed) are reported to ``on_bad_peer``.
-- A false manifest (every chunk verified, the whole digest did not, rule 8) ends the
-  transfer: the store discards its chunks and the peer that sent the manifest is reported.
+- A false manifest (every chunk verified, the whole digest did not, rule 8) fails the
+  transfer once every chunk is in: the store discards its chunks and the peer that sent
+  the manifest is reported.
 - Images: the OCI manifest is fetched first, then its config and layers, each checked
   against its descriptor's size (rule 11), and the image is pinned as ``import`` pins it
   (``image/<hex>``), so image_config and RootfsCache work on it.
