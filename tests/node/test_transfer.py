@@ -189,6 +189,24 @@ async def test_resume_fetches_only_missing_chunks(tmp_path, receiver):
     assert min(done for done, _ in seen) > 2 * CHUNK_SIZE  # counted from what was there
 
 
+async def test_a_transfer_cut_off_before_its_commit_finishes_without_fetching(tmp_path, receiver):
+    """Every chunk recorded, then a crash before the blob was committed: the next fetch
+    asks only for the manifest, hashes what is there and commits it."""
+    data = content(2 * CHUNK_SIZE + 9, seed=5)
+    sender = source(tmp_path, data)
+    manifest = sender.manifest(digest_of(data))
+    partial = receiver.open_partial(manifest)
+    for i in range(len(manifest.chunks)):
+        offset, length = manifest.span(i)
+        partial.put(i, data[offset : offset + length])
+    partial.close()  # no seal, no commit: as a kill -9 leaves it
+    assert not receiver.has(digest_of(data))
+    async with serving(sender) as (client, _):
+        await fetch_blob(client, receiver, digest_of(data), [peer(1)])
+    assert sender.served == []
+    assert receiver.read_bytes(digest_of(data)) == data
+
+
 async def test_peer_dying_mid_transfer_moves_its_chunks_to_the_other(tmp_path, receiver):
     data = content(3 * CHUNK_SIZE + 5, seed=2)
     dying = source(tmp_path, data, DyingStore)
