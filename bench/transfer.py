@@ -4,11 +4,14 @@ Measures in one run:
 - raw TCP throughput on loopback (trio sockets, the same bytes, nothing stored);
 - one yamux stream through node/net/p2p.py (Noise + yamux), the bytes discarded;
 - node/transfer.fetch_blob of a ``--size-mb`` blob from node A's store into node B's:
-  chunked, verified, written and fsynced by BlobStore.put_chunk, hashed whole at the end;
+  chunked, each chunk verified, written and fsynced, the whole blob hashed as the chunks
+  land (node/storage/partial.py);
   ``--repeat`` times into an empty store over direct channels (AES-GCM over TCP,
   negotiated on libp2p, spec/content.md "Direct channel"), each run followed by one over
   libp2p streams only (the fallback, ``direct=False``), with the CPU each side spent per
-  MB. CPU per MB is the steadier figure on a shared machine.
+  MB. CPU per MB is the steadier figure on a shared machine, and it sets a ceiling: two
+  processes on ``cores`` cores cannot beat ``cores / (receiver + sender CPU per MB)``,
+  printed beside the measured figure.
 The stores live under ``--dir``, by default in /dev/shm (tmpfs) where there is one: on
 the development machine's disk, write + fsync of 4 MiB chunks runs at 175-335 MB/s and
 would cap the figure below what the network path does; pass ``--dir /tmp`` for a disk.
@@ -35,6 +38,7 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
 
 import trio
 
+from node.gc_policy import tune_gc
 from node.net.p2p import serve_network
 from node.net.transport import FramedStream, Network, PeerId, ProtocolId, Stream
 from node.storage import transfer
@@ -211,6 +215,10 @@ async def run(args: argparse.Namespace, workdir: Path) -> dict[str, float | int]
             r[f"{mode}_sender_cpu_ms_per_mb"] = statistics.median(
                 1000 * c * MB / size for *_, c, _ in done
             )
+    if pid is not None:  # what the CPU each MB costs allows on these cores, at best
+        for mode in runs:
+            cpu = r[f"{mode}_receiver_cpu_ms_per_mb"] + r[f"{mode}_sender_cpu_ms_per_mb"]
+            r[f"{mode}_cpu_ceiling_mb_s"] = 1000 * r["cores"] / cpu
     r["direct_to_raw"] = r["direct_mb_s_median"] / r["raw_tcp_mb_s"]
     r["direct_to_libp2p"] = r["direct_mb_s_median"] / r["libp2p_mb_s_median"]
     r["libp2p_to_raw"] = r["libp2p_mb_s_median"] / r["raw_tcp_mb_s"]
@@ -236,6 +244,12 @@ def table(r: dict[str, float | int]) -> list[tuple[str, str]]:
         if f"{mode}_sender_cpu_ms_per_mb" in r:
             rows.append(
                 (f"  sender CPU ({name})", f"{r[f'{mode}_sender_cpu_ms_per_mb']:8.1f} ms/MB")
+            )
+            rows.append(
+                (
+                    f"  CPU-bound ceiling, {r['cores']} cores / CPU per MB",
+                    f"{r[f'{mode}_cpu_ceiling_mb_s']:8.0f} MB/s",
+                )
             )
     rows += [
         ("direct / raw TCP (medians)", f"{r['direct_to_raw']:8.3f}"),
@@ -263,6 +277,7 @@ def main() -> None:
     parser.add_argument("--serve", type=Path, help=argparse.SUPPRESS)  # the child's mode
     args = parser.parse_args()
     transfer.STREAMS_PER_PEER, transfer.BATCH = args.streams, args.batch
+    tune_gc()  # as `cx node` does, in both nodes
     if args.serve:
         trio.run(child, args.serve)
         return
@@ -272,7 +287,11 @@ def main() -> None:
     for name, value in table(r):
         print(f"{name:<44} {value}")
     goal = "met" if r["direct_mb_s_median"] >= 500 else "NOT met"
-    print(f"goal fetch_blob >= 500 MB/s (median, direct channels): {goal}")
+    print(f"goal fetch_blob >= 500 MB/s (median, direct channels): {goal}", end="")
+    if "direct_cpu_ceiling_mb_s" in r:
+        ceiling = r["direct_cpu_ceiling_mb_s"]
+        print(f"; the CPU it costs caps it at {ceiling:.0f} MB/s on {r['cores']} cores", end="")
+    print()
     print(json.dumps({k: round(v, 3) if isinstance(v, float) else v for k, v in r.items()}))
 
 

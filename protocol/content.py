@@ -82,7 +82,7 @@ class ChunkManifest:
         offset = index * self.chunk_size
         return offset, min(self.chunk_size, self.size - offset)
 
-    def verify_chunk(self, index: int, data: bytes) -> None:
+    def verify_chunk(self, index: int, data: bytes | memoryview) -> None:
         """Raise :class:`InvalidMessage` unless ``data`` is chunk ``index``."""
         _, length = self.span(index)
         if len(data) != length:

@@ -31,6 +31,7 @@ import struct
 from dataclasses import dataclass
 
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers import Cipher, algorithms, modes
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from protocol.encoding import Value, decode, encode
@@ -135,27 +136,40 @@ def _nonce(counter: int) -> bytes:
 class Sealer:
     """Seals one direction's records in order, into one reused buffer."""
 
-    __slots__ = ("_aead", "_buffer", "_counter")
+    __slots__ = ("_aead", "_buffer", "_counter", "_key")
 
     def __init__(self, key: bytes) -> None:
+        self._key = key
         self._aead = AESGCM(key)
         self._counter = 0
         self._buffer = bytearray()
 
-    def seal(self, plaintext: bytes | memoryview) -> memoryview:
-        """The whole record, length prefix included, valid until the next call (the
-        buffer is reused: no allocation and no copy per 4 MiB chunk beyond the cipher's).
+    def seal(self, *parts: bytes | memoryview) -> memoryview:
+        """One record whose plaintext is ``parts`` joined (a frame's header and its body,
+        say, sealed without joining them first). The whole record, length prefix
+        included, is valid until the next call (the buffer is reused: no allocation and
+        no copy per 4 MiB chunk beyond the cipher's).
 
         Raises ValueError on a plaintext of the wrong size.
         """
-        if not 0 < len(plaintext) <= MAX_RECORD:
-            raise ValueError(f"a record holds 1 to {MAX_RECORD} bytes, not {len(plaintext)}")
-        size = len(plaintext) + TAG_SIZE
+        plain = sum(len(part) for part in parts)
+        if not 0 < plain <= MAX_RECORD:
+            raise ValueError(f"a record holds 1 to {MAX_RECORD} bytes, not {plain}")
+        size = plain + TAG_SIZE
         if len(self._buffer) < RECORD_HEADER + size:
             self._buffer = bytearray(RECORD_HEADER + size)  # a new one: old views stay valid
         record = memoryview(self._buffer)[: RECORD_HEADER + size]
         _LENGTH.pack_into(record, 0, size)
-        self._aead.encrypt_into(_nonce(self._counter), plaintext, None, record[RECORD_HEADER:])
+        nonce = _nonce(self._counter)
+        if len(parts) == 1:
+            self._aead.encrypt_into(nonce, parts[0], None, record[RECORD_HEADER:])
+        else:  # the same AES-256-GCM, fed piece by piece
+            encryptor = Cipher(algorithms.AES(self._key), modes.GCM(nonce)).encryptor()
+            at = RECORD_HEADER
+            for part in parts:  # room to spare: the tag's 16 bytes follow the last part
+                at += encryptor.update_into(part, record[at:])
+            encryptor.finalize()
+            record[at:] = encryptor.tag
         self._counter += 1
         return record
 
@@ -170,7 +184,7 @@ class Opener:
         self._counter = 0
 
     @staticmethod
-    def record_size(header: bytes | bytearray, *, limit: int = MAX_RECORD) -> int:
+    def record_size(header: bytes | bytearray | memoryview, *, limit: int = MAX_RECORD) -> int:
         """The ciphertext length a record header announces, for a plaintext of at most
         ``limit`` bytes. Raises InvalidMessage(TOO_LARGE)."""
         size: int = _LENGTH.unpack(header)[0]
@@ -180,9 +194,23 @@ class Opener:
 
     def open(self, ciphertext: bytes | bytearray | memoryview) -> bytes:
         """The plaintext of the next record. Raises InvalidMessage(BAD_SEAL)."""
+        out = bytearray(max(0, len(ciphertext) - TAG_SIZE))
+        return bytes(self.open_into(ciphertext, out))
+
+    def open_into(
+        self, ciphertext: bytes | bytearray | memoryview, out: bytearray | memoryview
+    ) -> memoryview:
+        """The plaintext of the next record, written at the start of ``out`` (reused by
+        the caller: no allocation per record). Raises InvalidMessage(BAD_SEAL), ValueError
+        if ``out`` is too small."""
+        if len(ciphertext) < TAG_SIZE:
+            raise InvalidMessage(Reason.BAD_SEAL, "a direct record shorter than its tag")
+        view = memoryview(out)[: len(ciphertext) - TAG_SIZE]
+        if len(view) != len(ciphertext) - TAG_SIZE:
+            raise ValueError(f"{len(out)} bytes cannot hold a {len(ciphertext)}-byte record")
         try:
-            plaintext = self._aead.decrypt(_nonce(self._counter), ciphertext, None)
+            self._aead.decrypt_into(_nonce(self._counter), ciphertext, None, view)
         except InvalidTag as exc:
             raise InvalidMessage(Reason.BAD_SEAL, "a direct record did not open") from exc
         self._counter += 1
-        return plaintext
+        return view

@@ -21,6 +21,7 @@ from prometheus_client.registry import Collector
 
 from node.market.buyer import JOB_STATES
 from node.peer import Peer
+from node.storage.transfer import DIRECT_CHANNEL_OUTCOMES
 from protocol.messages import JobState
 
 __all__ = ["CONTENT_TYPE", "exposition"]
@@ -107,6 +108,15 @@ class _StateCollector(Collector):
         for direction, size in sorted(store.traffic.items()):
             traffic.add_metric([direction], size)
         yield traffic
+        channels = CounterMetricFamily(
+            "cx_direct_channels",
+            "Direct channels for blob transfer: as server, opened or refused; as requester, "
+            "opened or fell back to libp2p streams",
+            labels=["role", "outcome"],
+        )
+        for role, outcome in DIRECT_CHANNEL_OUTCOMES:
+            channels.add_metric([role, outcome], store.direct_channels[role, outcome])
+        yield channels
 
 
 def exposition(peer: Peer) -> bytes:

@@ -19,7 +19,8 @@ Rules:
   or found by a fetch; :meth:`lookup` counts a fetch's hits and misses in ``stats.json``.
 - Large blobs move between nodes in 4 MiB chunks (protocol.content). A transfer in progress
   lives in ``partial/<hex>`` with a ``.have`` file of received chunk indices, so it resumes
-  after a restart; it becomes a blob only when the whole digest checks out.
+  after a restart; it becomes a blob only when the whole digest checks out. Chunks are
+  stored concurrently and the whole digest computed as they arrive (node/storage/partial.py).
 
 Errors::
 
@@ -43,6 +44,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import IO
 
+from node.storage.partial import PartialBlob
 from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
 from protocol.errors import InvalidMessage
 from protocol.messages import check_digest
@@ -114,6 +116,10 @@ class BlobStore:
         # Chunk bytes served to and fetched from peers since start (node/storage/transfer.py
         # counts them, in the event loop); /metrics shows them.
         self.traffic = {"sent": 0, "received": 0}
+        # Direct channels (spec/content.md) by (role, outcome): ("server", "opened" or
+        # "refused"), ("requester", "opened" or "fell-back" to libp2p streams); counted by
+        # node/storage/transfer.py and transfer_direct.py, shown by /metrics.
+        self.direct_channels: Counter[tuple[str, str]] = Counter()
 
     # -- writing ---------------------------------------------------------------------------
 
@@ -436,6 +442,21 @@ class BlobStore:
             self._quarantine(manifest.blob, "a chunk that does not match its manifest")
         return data
 
+    def read_chunk_into(self, manifest: ChunkManifest, index: int, out: memoryview) -> memoryview:
+        """As :meth:`read_chunk`, read into ``out`` (reused by the caller: no allocation
+        per chunk; page-aligned, node/net/buffers.py); returns the chunk's view of it."""
+        offset, length = manifest.span(index)
+        fd = os.open(self.path(manifest.blob), os.O_RDONLY)
+        try:
+            view = out[: os.preadv(fd, [out[:length]], offset)]
+        finally:
+            os.close(fd)
+        try:
+            manifest.verify_chunk(index, view)
+        except InvalidMessage:
+            self._quarantine(manifest.blob, "a chunk that does not match its manifest")
+        return view
+
     # -- chunked transfer (receiving side) -------------------------------------------------
 
     def missing_chunks(self, manifest: ChunkManifest) -> list[int]:
@@ -445,47 +466,39 @@ class BlobStore:
         have = self._have(manifest)
         return [i for i in range(len(manifest.chunks)) if i not in have]
 
+    def open_partial(self, manifest: ChunkManifest) -> PartialBlob:
+        """The partial transfer of ``manifest``'s blob, resumed where it stopped; chunks
+        may be put into it from several threads at once (node/storage/partial.py)."""
+        data_path, have_path = self._partial_paths(manifest)
+        return PartialBlob(manifest, data_path, have_path, self._have(manifest))
+
+    def finish_partial(self, partial: PartialBlob) -> str:
+        """Commit a partial transfer whose chunks are all recorded; return the digest.
+
+        Raises:
+            CorruptBlob: every chunk matched but the whole digest did not: the manifest was
+                a lie; the partial transfer is discarded.
+        """
+        actual = partial.seal()
+        if actual != partial.manifest.blob:
+            partial.data_path.unlink(missing_ok=True)
+            raise CorruptBlob(partial.manifest.blob, actual)
+        self._commit(str(partial.data_path), actual)
+        return actual
+
     def put_chunk(self, manifest: ChunkManifest, index: int, data: bytes) -> str | None:
         """Verify and record one chunk. Returns the blob digest once the blob is complete.
 
         Raises:
             InvalidMessage: the chunk does not match the manifest (the sender misbehaved).
-            CorruptBlob: every chunk matched but the whole digest did not: the manifest was
-                a lie; the partial transfer is discarded.
+            CorruptBlob: as :meth:`finish_partial`.
         """
-        manifest.verify_chunk(index, data)
         if self.has(manifest.blob):
+            manifest.verify_chunk(index, data)
             return manifest.blob
-        data_path, have_path = self._partial_paths(manifest)
-        fd = os.open(data_path, os.O_WRONLY | os.O_CREAT, 0o600)
-        try:
-            os.pwrite(fd, data, manifest.span(index)[0])
-            os.fsync(fd)
-        finally:
-            os.close(fd)
-        # Record the index only after the bytes are durable, so a crash re-fetches it.
-        with open(have_path, "a") as f:
-            f.write(f"{index}\n")
-        if len(self._have(manifest)) < len(manifest.chunks):
-            return None
-        return self._finish(manifest)
-
-    def _finish(self, manifest: ChunkManifest) -> str:
-        data_path, have_path = self._partial_paths(manifest)
-        if manifest.size == 0:
-            data_path.touch()
-        os.truncate(data_path, manifest.size)
-        h = hashlib.sha256()
-        with open(data_path, "rb") as f:
-            while block := f.read(_COPY):
-                h.update(block)
-        actual = "sha256:" + h.hexdigest()
-        have_path.unlink(missing_ok=True)
-        if actual != manifest.blob:
-            data_path.unlink(missing_ok=True)
-            raise CorruptBlob(manifest.blob, actual)
-        self._commit(str(data_path), manifest.blob)
-        return manifest.blob
+        with self.open_partial(manifest) as partial:
+            partial.put(index, data)
+            return self.finish_partial(partial) if partial.complete else None
 
     def _partial_paths(self, manifest: ChunkManifest) -> tuple[Path, Path]:
         # Keyed by the manifest digest, so two different claims about one blob never mix.

@@ -8,23 +8,28 @@ Rules:
   text}``; after ``ok`` come raw frames: the chunk manifest, or each requested chunk in the
   order asked. Bulk bytes are not wrapped in msgpack: the receiver checks them by hash.
 - Serving: only complete blobs are served, every chunk checked as it is read
-  (BlobStore.read_chunk); a bad request ends the stream after its error reply.
+  (BlobStore.read_chunk, or read_chunk_into the channel's own buffer over a direct
+  channel); a bad request ends the stream after its error reply.
 - Fetching: the manifest comes from the first peer that has the blob and must name it.
   The missing chunks (BlobStore.missing_chunks, so a transfer resumes) are then pulled from
   every peer at once, over several streams per peer, each asking for a few chunks at a
   time: one yamux stream alone stays far below the link (PLATFORM.md). The first batches
-  are dealt round-robin over the peers; then idle streams take what is left.
+  are dealt round-robin over the peers; then idle streams take what is left. Each chunk is
+  verified, written and fsynced in a worker thread as it arrives, beside the other
+  streams' chunks, and the whole blob is hashed as contiguous chunks land
+  (node/storage/partial.py): the digest check at the end (rule 8) has little left to do.
 - Direct channels (spec/content.md, "Direct channel"; node/storage/transfer_direct.py
   serves them): each stream for chunks first asks its peer for one and, if it opens,
   fetches over it instead, the negotiating stream held open beside it. A peer that
   cannot give one (relayed, refused, unreachable, a server that predates them), or
   whose channel breaks, keeps to libp2p streams for the rest of the transfer. Chunks are
-  verified the same either way.
+  verified the same either way. BlobStore.direct_channels counts what happened.
 - A peer that is unreachable, breaks the wire rules, stalls, or sends a chunk that fails
   verification is dropped for this transfer and its unfinished chunks go to the others.
   Those that misbehaved (not those that merely failed) are reported to ``on_bad_peer``.
-- A false manifest (every chunk verified, the whole digest did not, rule 8) ends the
-  transfer: the store discards its chunks and the peer that sent the manifest is reported.
+- A false manifest (every chunk verified, the whole digest did not, rule 8) fails the
+  transfer once every chunk is in: the store discards its chunks and the peer that sent
+  the manifest is reported.
 - Images: the OCI manifest is fetched first, then its config and layers, each checked
   against its descriptor's size (rule 11), and the image is pinned as ``import`` pins it
   (``image/<hex>``), so image_config and RootfsCache work on it.
@@ -51,7 +56,7 @@ from typing import Any, cast
 
 import trio
 
-from node.net.direct import SealedStream, connect_channel
+from node.net.direct import SealedFramedStream, SealedStream, connect_channel
 from node.net.transport import (
     FramedStream,
     NetReason,
@@ -62,6 +67,7 @@ from node.net.transport import (
     Stream,
     StreamClosed,
 )
+from node.storage.partial import PartialBlob
 from node.storage.store import BlobStore, CorruptBlob, StoreError
 from node.storage.transfer_direct import DirectServer
 from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
@@ -78,6 +84,7 @@ from protocol.messages import check_digest
 
 __all__ = [
     "BLOB_PROTOCOL",
+    "DIRECT_CHANNEL_OUTCOMES",
     "TransferError",
     "TransferReason",
     "fetch_blob",
@@ -89,8 +96,15 @@ logger = logging.getLogger(__name__)
 
 BLOB_PROTOCOL = ProtocolId("/cx/blob/1")
 MAX_FRAME = CHUNK_SIZE  # the largest body; a 4096-chunk manifest is about 140 KiB
-STREAMS_PER_PEER = 4  # enough to keep the link busy while one stream waits for a reply
-BATCH = 2  # chunks per request: a small tail, and little to redo when a peer fails
+# What BlobStore.direct_channels counts, by (role, outcome); /metrics shows each.
+DIRECT_CHANNEL_OUTCOMES = (
+    ("requester", "opened"),
+    ("requester", "fell-back"),  # refused, unreachable, no TCP path, or broke mid-transfer
+    ("server", "opened"),
+    ("server", "refused"),
+)
+STREAMS_PER_PEER = 2  # one receives while the other waits for a reply or its chunk is stored
+BATCH = 4  # chunks per request: few round trips, and little to redo when a peer fails
 CHUNK_TIMEOUT = 30.0  # seconds for one frame; a peer slower than ~140 KB/s is dropped
 # A peer serving a blob for the first time hashes all of it (up to 16 GiB) to make the
 # manifest, so the first reply may take far longer than a chunk.
@@ -150,7 +164,11 @@ def serve_blobs(net: Network, store: BlobStore, *, direct: bool = True) -> Direc
     async def serve_channel(framed: FramedStream) -> None:
         await _serve_stream(store, framed)
 
-    channels = DirectServer(net.peer_id, serve_channel, max_frame=MAX_FRAME) if direct else None
+    channels = (
+        DirectServer(net.peer_id, serve_channel, max_frame=MAX_FRAME, counts=store.direct_channels)
+        if direct
+        else None
+    )
 
     async def handler(stream: Stream) -> None:
         try:
@@ -193,9 +211,22 @@ async def _serve_stream(
         for index in indices:
             # A StoreError here (blob deleted, or found corrupt and removed) ends the
             # stream; the requester moves these chunks to another peer.
-            data = await trio.to_thread.run_sync(store.read_chunk, manifest, index)
-            await framed.send_frame(data)
-            store.traffic["sent"] += len(data)
+            store.traffic["sent"] += await _send_chunk(store, manifest, index, framed)
+
+
+async def _send_chunk(
+    store: BlobStore, manifest: ChunkManifest, index: int, framed: FramedStream
+) -> int:
+    """Read chunk ``index``, verified, and send it; returns its length. Over a direct
+    channel it is read into the channel's own buffer, sealed before the next read."""
+    if isinstance(framed, SealedFramedStream):
+        buffer = framed.chunk_buffer(CHUNK_SIZE)
+        view = await trio.to_thread.run_sync(store.read_chunk_into, manifest, index, buffer)
+        await framed.send_frame(view)
+        return len(view)
+    data = await trio.to_thread.run_sync(store.read_chunk, manifest, index)
+    await framed.send_frame(data)
+    return len(data)
 
 
 def _decode_request(frame: bytes) -> dict[str, Value]:
@@ -257,6 +288,16 @@ async def _body(framed: FramedStream) -> bytes:
     return frame
 
 
+async def _chunk_body(framed: FramedStream) -> bytes | memoryview:
+    """A chunk's frame; over a direct channel, a view valid until the next receive."""
+    if isinstance(framed, SealedFramedStream):
+        frame = await framed.receive_frame_view()
+        if frame is None:
+            raise StreamClosed(NetReason.CLOSED, "the peer ended the stream before its reply")
+        return frame
+    return await _body(framed)
+
+
 async def _ask_manifest(net: Network, peer: PeerId, digest: str) -> ChunkManifest:
     async with _open(net, peer) as framed:
         await _request(framed, {"op": "manifest", "blob": digest})
@@ -302,14 +343,15 @@ class _Transfer:
         self,
         net: Network,
         store: BlobStore,
-        manifest: ChunkManifest,
+        partial: PartialBlob,
         missing: list[int],
         progress: Progress | None,
         on_bad_peer: BadPeer | None,
         *,
         direct: bool,
     ) -> None:
-        self.net, self.store, self.manifest = net, store, manifest
+        self.net, self.store, self.partial = net, store, partial
+        self.manifest = manifest = partial.manifest
         self.progress, self.on_bad_peer = progress, on_bad_peer
         # Peers whose direct channel could not be opened keep to libp2p streams.
         self.direct, self.no_direct = direct, set[PeerId]()
@@ -317,11 +359,9 @@ class _Transfer:
         self.in_flight = 0
         self.done_bytes = manifest.size - sum(manifest.span(i)[1] for i in missing)
         self.dropped: dict[PeerId, str] = {}
-        # What ends the whole transfer: a false manifest, or our own disk failing.
-        self.fatal: CorruptBlob | OSError | None = None
+        # What ends the whole transfer: our own disk failing.
+        self.fatal: OSError | None = None
         self._changed = trio.Event()
-        # put_chunk finishes the blob when it sees every index; two at once would race there.
-        self._write_lock = trio.Lock()
 
     async def run(self, peers: Sequence[PeerId]) -> None:
         per_peer = min(STREAMS_PER_PEER, -(-len(self.queue) // BATCH))
@@ -372,7 +412,7 @@ class _Transfer:
                             raise
                         # The channel broke, not necessarily the peer: what is left of the
                         # batch goes over libp2p streams (chunks stored stay stored).
-                        self.no_direct.add(peer)
+                        self._fall_back(peer)
                         logger.info("direct channel to %s broke, using libp2p: %s", peer, exc)
         except _PEER_FAILURES as exc:
             self._drop(peer, exc)
@@ -384,6 +424,8 @@ class _Transfer:
         """A direct channel to ``peer`` when one opens, else a libp2p stream."""
         async with _open(self.net, peer) as stream:
             host = stream.stream.remote_host
+            if host is None and self.direct:
+                self._fall_back(peer)  # relayed or in memory: no TCP path to take
             if not self.direct or peer in self.no_direct or host is None:
                 yield stream
                 return
@@ -411,10 +453,17 @@ class _Transfer:
             keys = derive_keys(nonce, offer.nonce, self.net.peer_id, peer, we_request=True)
             channel = await connect_channel(host, offer.port, keys, peer)
         except _PEER_FAILURES as exc:
-            self.no_direct.add(peer)
+            self._fall_back(peer)
             logger.info("no direct channel to %s, using libp2p streams: %s", peer, exc)
             return None
-        return FramedStream(channel, max_frame=MAX_FRAME)
+        self.store.direct_channels["requester", "opened"] += 1
+        return SealedFramedStream(channel, max_frame=MAX_FRAME)
+
+    def _fall_back(self, peer: PeerId) -> None:
+        """``peer`` keeps to libp2p streams for the rest of this transfer (counted once)."""
+        if peer not in self.no_direct:
+            self.no_direct.add(peer)
+            self.store.direct_channels["requester", "fell-back"] += 1
 
     async def _fetch(self, framed: FramedStream, batch: list[int]) -> None:
         """Fetch and store ``batch``, removing each index from it once stored."""
@@ -422,19 +471,19 @@ class _Transfer:
         await _request(framed, {"op": "chunks", "blob": blob, "indices": list(batch)})
         while batch:
             with trio.fail_after(CHUNK_TIMEOUT):
-                data = await _body(framed)
-            await self._store(batch[0], data)
+                data = await _chunk_body(framed)
+            await self._store(batch[0], data)  # done with data before the next receive
             batch.pop(0)
             self.in_flight -= 1
 
-    async def _store(self, index: int, data: bytes) -> None:
-        async with self._write_lock:
-            try:
-                await trio.to_thread.run_sync(self.store.put_chunk, self.manifest, index, data)
-            except (CorruptBlob, OSError) as exc:
-                self.fatal = exc
-                self.nursery.cancel_scope.cancel()
-                return
+    async def _store(self, index: int, data: bytes | memoryview) -> None:
+        # Verified, written and fsynced in a worker thread, beside the other streams' chunks.
+        try:
+            await trio.to_thread.run_sync(self.partial.put, index, data)
+        except OSError as exc:
+            self.fatal = exc
+            self.nursery.cancel_scope.cancel()
+            return
         self.done_bytes += len(data)
         self.store.traffic["received"] += len(data)
         if self.progress is not None:
@@ -496,35 +545,36 @@ async def _fetch_blob(
         return digest
     peers = list(dict.fromkeys(peers))
     manifest, source = await _find_manifest(net, digest, peers, on_bad_peer)
-    missing = await trio.to_thread.run_sync(store.missing_chunks, manifest)
     if not manifest.chunks:
         await trio.to_thread.run_sync(store.put_bytes, b"")
         return digest
-    if not missing and not store.has(digest):
-        # Every chunk was recorded but the blob never finished (a crash just before):
-        # storing any chunk again makes the store finish it.
-        missing = [0]
-    transfer = _Transfer(net, store, manifest, missing, progress, on_bad_peer, direct=direct)
-    await transfer.run(peers)
-    if isinstance(transfer.fatal, OSError):
-        raise transfer.fatal
-    if transfer.fatal is not None:
-        if on_bad_peer is not None:
-            on_bad_peer(source, "false manifest")
-        raise TransferError(
-            TransferReason.FALSE_MANIFEST,
-            f"{source} sent a false manifest for {digest}; chunks discarded, "
-            "fetch again from other peers",
-            peer=source,
-        ) from transfer.fatal
-    if not store.has(digest):
-        failures = "; ".join(f"{p}: {why}" for p, why in transfer.dropped.items())
-        raise TransferError(
-            TransferReason.ALL_PEERS_FAILED,
-            f"every peer failed before blob {digest} was complete ({failures}); "
-            "what arrived is kept, retry with more peers",
+    with await trio.to_thread.run_sync(store.open_partial, manifest) as partial:
+        # Resumed where an earlier transfer stopped (a crash may even have come between
+        # its last chunk and the commit: then nothing is missing).
+        transfer = _Transfer(
+            net, store, partial, partial.missing(), progress, on_bad_peer, direct=direct
         )
-    return digest
+        await transfer.run(peers)
+        if transfer.fatal is not None:
+            raise transfer.fatal
+        if not partial.complete:
+            failures = "; ".join(f"{p}: {why}" for p, why in transfer.dropped.items())
+            raise TransferError(
+                TransferReason.ALL_PEERS_FAILED,
+                f"every peer failed before blob {digest} was complete ({failures}); "
+                "what arrived is kept, retry with more peers",
+            )
+        try:
+            return await trio.to_thread.run_sync(store.finish_partial, partial)
+        except CorruptBlob as exc:
+            if on_bad_peer is not None:
+                on_bad_peer(source, "false manifest")
+            raise TransferError(
+                TransferReason.FALSE_MANIFEST,
+                f"{source} sent a false manifest for {digest}; chunks discarded, "
+                "fetch again from other peers",
+                peer=source,
+            ) from exc
 
 
 # -- images ----------------------------------------------------------------------------------

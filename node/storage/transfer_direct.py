@@ -22,7 +22,13 @@ from collections.abc import Awaitable, Callable
 
 import trio
 
-from node.net.direct import SealedStream, accept_channel, listener_port, open_listener
+from node.net.direct import (
+    SealedFramedStream,
+    SealedStream,
+    accept_channel,
+    listener_port,
+    open_listener,
+)
 from node.net.transport import FramedStream, PeerId
 from protocol.direct import NONCE_SIZE, DirectOffer, derive_keys
 from protocol.encoding import encode
@@ -38,7 +44,7 @@ __all__ = [
 logger = logging.getLogger(__name__)
 
 MAX_CHANNELS = 32
-MAX_PER_PEER = 8  # twice the streams a fetching peer opens (transfer.STREAMS_PER_PEER)
+MAX_PER_PEER = 8  # several fetches by one peer at once (transfer.STREAMS_PER_PEER each)
 ACCEPT_TIMEOUT = 10.0  # seconds for the requester to connect and prove the key
 IDLE_TIMEOUT = 60.0  # seconds a channel may wait for a request or a send may block
 
@@ -49,10 +55,19 @@ ServeLoop = Callable[[FramedStream], Awaitable[None]]
 class DirectServer:
     """One node's direct channels: their bounds, and the serving of each."""
 
-    def __init__(self, local: PeerId, serve: ServeLoop, *, max_frame: int) -> None:
+    def __init__(
+        self,
+        local: PeerId,
+        serve: ServeLoop,
+        *,
+        max_frame: int,
+        counts: Counter[tuple[str, str]] | None = None,
+    ) -> None:
         self.local, self._serve, self._max_frame = local, serve, max_frame
         self._open: Counter[PeerId] = Counter()
         self.opened = 0  # channels whose requester proved the key, since the start
+        # ("server", "opened" or "refused"): /metrics shows them (BlobStore.direct_channels)
+        self.counts: Counter[tuple[str, str]] = Counter() if counts is None else counts
 
     def _admit(self, peer: PeerId) -> bool:
         if self._open.total() >= MAX_CHANNELS or self._open[peer] >= MAX_PER_PEER:
@@ -73,6 +88,7 @@ class DirectServer:
         peer, host = framed.stream.remote_peer, framed.stream.remote_host
         if host is None or not self._admit(peer):
             why = "no direct TCP path" if host is None else "too many direct channels"
+            self.counts["server", "refused"] += 1
             await _refuse(framed, why)
             return
         try:
@@ -89,6 +105,7 @@ class DirectServer:
             listener = await open_listener(host)
         except (OSError, ValueError) as exc:  # no port left, too many files, an odd address
             logger.warning("cannot listen for a direct channel to %s at %s: %s", peer, host, exc)
+            self.counts["server", "refused"] += 1
             await _refuse(framed, "cannot listen")
             return
         channel: SealedStream | None = None
@@ -106,8 +123,9 @@ class DirectServer:
             logger.info("%s did not open the direct channel it asked for", peer)
             return
         self.opened += 1
+        self.counts["server", "opened"] += 1
         try:
-            await self._serve(FramedStream(channel, max_frame=self._max_frame))
+            await self._serve(SealedFramedStream(channel, max_frame=self._max_frame))
         finally:
             await channel.aclose()
 

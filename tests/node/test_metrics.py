@@ -88,6 +88,10 @@ async def test_a_trade_shows_in_both_nodes_metrics(image_layout: Path) -> None:
         sold["cx_transfer_bytes_total", (("direction", "received"),)]
         == (bought["cx_transfer_bytes_total", (("direction", "sent"),)])
     )
+    # In memory there is no TCP path: the provider fetched over streams, counted as such.
+    assert sold["cx_direct_channels_total", (("outcome", "fell-back"), ("role", "requester"))] >= 1
+    assert sold["cx_direct_channels_total", (("outcome", "opened"), ("role", "requester"))] == 0
+    assert bought["cx_direct_channels_total", (("outcome", "opened"), ("role", "server"))] == 0
     assert bought["cx_peers", ()] == 2  # the provider and the forger
     assert bought["cx_peer_score", (("peer", provider.peer_id),)] == 0
     assert bought["cx_peer_score", (("peer", forger.peer_id),)] < 0

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import os
+import threading
+from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
 from node.storage.store import BlobNotFound, BlobStore, CorruptBlob
-from protocol.content import CHUNK_SIZE, ChunkManifest
+from protocol.content import CHUNK_SIZE, ChunkManifest, digest_of
 from protocol.errors import InvalidMessage
 
 
@@ -100,6 +102,80 @@ def test_chunked_transfer_resumes_after_restart(tmp_path, store):
     assert receiver.read_bytes(d) == data
     assert receiver.missing_chunks(m) == []
     assert not list((receiver.root / "partial").iterdir())
+
+
+def _put_all_at_once(partial, data: bytes, order: list[int]) -> None:
+    """Every chunk of ``data`` put from its own thread, released together, in ``order``."""
+    m = partial.manifest
+    start = threading.Barrier(len(order))
+
+    def put(i: int) -> None:
+        offset, length = m.span(i)
+        start.wait()
+        partial.put(i, data[offset : offset + length])
+
+    with ThreadPoolExecutor(len(order)) as pool:
+        for done in [pool.submit(put, i) for i in order]:
+            done.result()
+
+
+def test_chunks_stored_from_many_threads_in_any_order_make_the_blob(tmp_path):
+    data = _blob(5 * CHUNK_SIZE + 77)
+    m = ChunkManifest.of(data)
+    receiver = BlobStore(tmp_path / "other")
+    with receiver.open_partial(m) as partial:
+        _put_all_at_once(partial, data, [4, 1, 5, 0, 3])
+        assert partial.missing() == [2]
+        assert not partial.complete
+    # Resumed by a new store object, as after a restart: only chunk 2 is missing.
+    receiver = BlobStore(tmp_path / "other")
+    assert receiver.missing_chunks(m) == [2]
+    with receiver.open_partial(m) as partial:
+        offset, length = m.span(2)
+        partial.put(2, data[offset : offset + length])
+        assert partial.complete
+        assert receiver.finish_partial(partial) == m.blob
+    assert receiver.read_bytes(m.blob) == data
+    assert not list((receiver.root / "partial").iterdir())
+
+
+def test_a_false_manifest_is_caught_whatever_order_its_chunks_come_in(tmp_path):
+    data = _blob(3 * CHUNK_SIZE + 1)
+    honest = ChunkManifest.of(data)
+    lie = ChunkManifest(blob=digest_of(b"other"), size=honest.size, chunks=honest.chunks)
+    receiver = BlobStore(tmp_path / "other")
+    with receiver.open_partial(lie) as partial:
+        _put_all_at_once(partial, data, [3, 2, 1, 0])
+        with pytest.raises(CorruptBlob):
+            receiver.finish_partial(partial)
+    assert not receiver.has(lie.blob)
+    assert not list((receiver.root / "partial").iterdir())  # the chunks are discarded
+    assert receiver.missing_chunks(lie) == [0, 1, 2, 3]
+
+
+def test_finishing_with_chunks_missing_is_refused(tmp_path):
+    data = _blob(CHUNK_SIZE + 1)
+    m = ChunkManifest.of(data)
+    with BlobStore(tmp_path / "other").open_partial(m) as partial:
+        partial.put(1, data[CHUNK_SIZE:])
+        with pytest.raises(ValueError, match="1 chunks"):
+            partial.seal()
+
+
+def test_read_chunk_into_reads_and_verifies_into_the_callers_buffer(tmp_path, store):
+    data = _blob(CHUNK_SIZE + 9)
+    d = store.put_bytes(data)
+    m = store.manifest(d)
+    buffer = memoryview(bytearray(CHUNK_SIZE))
+    assert store.read_chunk_into(m, 1, buffer) == data[CHUNK_SIZE:]
+    assert store.read_chunk_into(m, 0, buffer) == data[:CHUNK_SIZE]
+    os.chmod(store.path(d), 0o644)
+    with open(store.path(d), "r+b") as f:  # bit rot in the second chunk
+        f.seek(CHUNK_SIZE + 3)
+        f.write(b"X")
+    with pytest.raises(CorruptBlob):
+        store.read_chunk_into(m, 1, buffer)
+    assert not store.has(d)  # removed, as read_chunk does
 
 
 def test_bad_chunk_is_refused_and_not_recorded(tmp_path, store):

@@ -16,6 +16,7 @@ import pytest
 import trio
 
 from node.net.direct import (
+    SealedFramedStream,
     SealedStream,
     accept_channel,
     connect_channel,
@@ -25,7 +26,13 @@ from node.net.direct import (
 from node.net.p2p import P2PNetwork, serve_network
 from node.net.transport import DialError, FramedStream, RemoteNetworkError
 from node.storage.store import BlobNotFound, BlobStore
-from node.storage.transfer import BLOB_PROTOCOL, fetch_blob, serve_blobs
+from node.storage.transfer import (
+    BLOB_PROTOCOL,
+    TransferError,
+    TransferReason,
+    fetch_blob,
+    serve_blobs,
+)
 from node.storage.transfer_direct import MAX_PER_PEER
 from protocol.content import CHUNK_SIZE, ChunkManifest
 from protocol.direct import MAX_RECORD, TAG_SIZE, derive_keys, direct_request
@@ -65,6 +72,10 @@ async def test_blob_travels_over_a_direct_channel(tmp_path, caplog):
     assert channels is not None
     assert channels.opened >= 1
     assert "no direct channel" not in caplog.text
+    # What /metrics shows (node/api/scrape.py): each side counted the channels it opened.
+    assert receiver.direct_channels["requester", "opened"] == channels.opened
+    assert sender.direct_channels["server", "opened"] == channels.opened
+    assert receiver.direct_channels["requester", "fell-back"] == 0
 
 
 @pytest.mark.parametrize("direct", [True, False], ids=["direct", "libp2p-fallback"])
@@ -97,11 +108,18 @@ class OnceFailingStore(BlobStore):
 
     failed = False
 
-    def read_chunk(self, manifest: ChunkManifest, index: int) -> bytes:
+    def _fail_once(self, manifest: ChunkManifest, index: int) -> None:
         if index == 1 and not self.failed:
             self.failed = True
             raise BlobNotFound(manifest.blob)
+
+    def read_chunk(self, manifest: ChunkManifest, index: int) -> bytes:
+        self._fail_once(manifest, index)
         return super().read_chunk(manifest, index)
+
+    def read_chunk_into(self, manifest: ChunkManifest, index: int, out: memoryview) -> memoryview:
+        self._fail_once(manifest, index)  # a direct channel's server reads this way
+        return super().read_chunk_into(manifest, index, out)
 
 
 async def test_a_channel_that_breaks_mid_transfer_gives_way_to_libp2p(tmp_path, caplog):
@@ -128,6 +146,8 @@ async def test_requester_keeps_to_libp2p_when_the_server_offers_no_channel(tmp_p
         await fetch_blob(b, receiver, digest, [a.peer_id])
     assert receiver.read_bytes(digest) == data
     assert "no direct channel" in caplog.text
+    assert receiver.direct_channels["requester", "fell-back"] == 1  # once per peer
+    assert receiver.direct_channels["requester", "opened"] == 0
 
 
 async def _connected_pair(
@@ -212,8 +232,9 @@ async def test_a_tampered_record_drops_the_channel():
 async def test_a_peer_cannot_hold_more_than_its_share_of_channels(tmp_path):
     """Offers the requester never takes up count against it until they lapse: past
     MAX_PER_PEER outstanding ones, the server answers no-direct at once."""
+    store = BlobStore(tmp_path / "a")
     async with two_nodes() as (a, b):
-        serve_blobs(a, BlobStore(tmp_path / "a"))
+        serve_blobs(a, store)
         streams = []
         for _ in range(MAX_PER_PEER):
             framed = FramedStream(await b.open_stream(a.peer_id, BLOB_PROTOCOL))
@@ -226,3 +247,77 @@ async def test_a_peer_cannot_hold_more_than_its_share_of_channels(tmp_path):
         assert isinstance(refusal, dict)
         assert refusal["error"] == "no-direct"
         assert await framed.receive_frame() is None  # and the stream ends
+    assert store.direct_channels["server", "refused"] == 1
+
+
+class LyingStore(BlobStore):
+    """Serves chunk 0 with its first byte flipped, over a direct channel."""
+
+    def read_chunk_into(self, manifest: ChunkManifest, index: int, out: memoryview) -> memoryview:
+        view = super().read_chunk_into(manifest, index, out)
+        if index == 0:
+            view[0] ^= 0xFF
+        return view
+
+
+async def test_a_peer_lying_over_a_direct_channel_is_dropped_and_reported(tmp_path):
+    data = content(2 * CHUNK_SIZE + 1, seed=7)
+    liar, receiver = LyingStore(tmp_path / "a"), BlobStore(tmp_path / "b")
+    digest = liar.put_bytes(data)
+    bad: list[str] = []
+    async with two_nodes() as (a, b):
+        serve_blobs(a, liar)
+        with pytest.raises(TransferError) as caught:
+            await fetch_blob(
+                b, receiver, digest, [a.peer_id], on_bad_peer=lambda p, _: bad.append(p)
+            )
+    assert caught.value.reason is TransferReason.ALL_PEERS_FAILED
+    assert bad == [a.peer_id]
+    assert receiver.direct_channels["requester", "opened"] >= 1
+    assert 0 in receiver.missing_chunks(liar.manifest(digest))  # the bad chunk: not recorded
+
+
+async def _sealed_pair() -> tuple[SealedFramedStream, SealedFramedStream]:
+    requester, server = await _connected_pair()
+    return (
+        SealedFramedStream(requester, max_frame=CHUNK_SIZE),
+        SealedFramedStream(server, max_frame=CHUNK_SIZE),
+    )
+
+
+async def test_a_frame_travels_as_one_record_and_arrives_as_a_view():
+    with trio.fail_after(BOUND):
+        requester, server = await _sealed_pair()
+        chunk = content(CHUNK_SIZE, seed=8)
+        async with trio.open_nursery() as nursery:  # 4 MiB: more than the sockets buffer
+            nursery.start_soon(requester.send_frame, memoryview(chunk))
+            # One record: the frame's header and body, sealed together.
+            assert await server.sealed.receive_record() == len(chunk).to_bytes(4, "big") + chunk
+        async with trio.open_nursery() as nursery:
+            nursery.start_soon(requester.send_frame, chunk)
+            frame = await server.receive_frame_view()
+        assert isinstance(frame, memoryview)
+        assert frame == chunk
+        await requester.aclose()
+        assert await server.receive_frame_view() is None
+        await server.aclose()
+
+
+async def test_frames_split_across_records_or_sharing_one_still_arrive_whole():
+    """Record boundaries carry no meaning (rule 21): a peer may cut its frames anyhow."""
+    with trio.fail_after(BOUND):
+        requester, server = await _sealed_pair()
+        body = content(100_000, seed=9)
+        frame = len(body).to_bytes(4, "big") + body
+        for cut in (1, 3, 50_000):  # the header split, then the body
+            await requester.sealed.send_all(frame[:cut])
+            await requester.sealed.send_all(frame[cut:])
+            assert await server.receive_frame_view() == body
+        await requester.sealed.send_all(b"\0\0\0\2hi\0\0\0\3you")  # two in one record
+        assert await server.receive_frame_view() == b"hi"
+        assert await server.receive_frame_view() == b"you"
+        await requester.sealed.send_all((CHUNK_SIZE + 1).to_bytes(4, "big"))
+        with pytest.raises(RemoteNetworkError, match="cap"):
+            await server.receive_frame_view()  # over the frame cap: refused, as ever
+        await requester.aclose()
+        await server.aclose()
