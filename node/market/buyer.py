@@ -55,8 +55,9 @@ from node.storage.jobdata import Credentials
 from node.tpm import attestor as attestation
 from protocol.book import Match
 from protocol.buying import Buying
+from protocol.encoding import decode
 from protocol.envelope import MessageId, Signed, open_signed
-from protocol.errors import ProtocolError, Reason
+from protocol.errors import DecodeError, ProtocolError, Reason
 from protocol.identity import PrivateKey, PublicKey
 from protocol.job import END_STATE, ENDED
 from protocol.messages import (
@@ -579,6 +580,8 @@ class Buyer:
             log.info("job stream from %s ended: %s", raw.remote_peer, exc)
 
     async def _job_message(self, frame: bytes, peer: PeerId) -> bytes:
+        if _is_control(frame):  # a receipt summary to sign (spec/reputation.md rule 6)
+            return await self.market.on_summary_ask(frame, peer)
         try:
             message: Signed[Any] = open_signed(frame)
             if isinstance(message.payload, JobStatus):
@@ -749,3 +752,12 @@ def _refs(items: tuple[DataRef, ...]) -> list[dict[str, Any]]:
         {"path": r.path, "digest": r.digest, "size": r.size, **({"url": r.url} if r.url else {})}
         for r in items
     ]
+
+
+def _is_control(frame: bytes) -> bool:
+    """Is this a control frame rather than a signed message? A control frame decodes whole
+    as one map; a signed message opens with 64 signature bytes, so it does not."""
+    try:
+        return isinstance(decode(frame), dict)
+    except DecodeError:
+        return False

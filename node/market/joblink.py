@@ -1,16 +1,19 @@
-"""One ``/cx/job/1`` stream for a job's statuses and receipt (spec/peer.md rule 9).
+"""``/cx/job/1`` streams kept open and reused (spec/peer.md rule 9).
 
 Opening a libp2p stream costs a multistream-select exchange on top of the message's own
-round trip, and under load it is most of the time a status or receipt takes to arrive: a
-job's messages therefore share one stream, opened for the first and kept while the job
-runs. A buyer that answers one frame per stream and closes (or a stream that broke) costs
-one retry on a fresh stream: the buyer takes repeats of a status or receipt it has already
-answered as such, so resending is safe.
+round trip, and its Noise and yamux frames cost both nodes CPU: a job's messages therefore
+share one stream, and :class:`JobLinks` keeps the streams to each buyer open after a job
+ends, for the next job's messages and for the receipt summary the provider asks for after
+settling (spec/reputation.md rule 6), instead of opening two streams per job. A stream
+idle for ``IDLE_S`` is closed. A buyer that answers one frame per stream and closes (or a
+stream that broke) costs one retry on a fresh stream: the buyer takes repeats of a status,
+receipt or summary it has already answered as such, so resending is safe.
 """
 
 from __future__ import annotations
 
 import contextlib
+from collections.abc import AsyncIterator
 
 import trio
 
@@ -24,9 +27,11 @@ from node.net.transport import (
 )
 from node.net.wire import JOB
 
-__all__ = ["JobLink"]
+__all__ = ["JobLink", "JobLinks"]
 
 CLOSE_S = 1.0  # the most a close may take: a stream to a vanished peer never confirms
+IDLE_S = 10.0  # an unused stream is closed after this long
+MAX_IDLE = 8  # unused streams kept per peer (one per job that ran at the same time)
 
 
 class JobLink:
@@ -38,6 +43,11 @@ class JobLink:
         self._net = net
         self.peer = peer
         self._stream: FramedStream | None = None
+
+    @property
+    def open(self) -> bool:
+        """Whether a stream is open (the last ask neither failed nor found it closed)."""
+        return self._stream is not None
 
     async def ask(self, frame: bytes) -> bytes:
         """Send one frame, return the frame that answers it. Raises NetworkError (bound it
@@ -69,3 +79,52 @@ class JobLink:
             with trio.move_on_after(CLOSE_S) as bounded, contextlib.suppress(NetworkError):
                 bounded.shield = True
                 await stream.aclose()
+
+
+class JobLinks:
+    """The open ``/cx/job/1`` streams of this node, lent one job (or one ask) at a time."""
+
+    __slots__ = ("_idle", "_net")
+
+    def __init__(self, net: Network) -> None:
+        self._net = net
+        self._idle: dict[PeerId, list[tuple[float, JobLink]]] = {}  # (idle since, link)
+
+    @contextlib.asynccontextmanager
+    async def borrow(self, peer: PeerId) -> AsyncIterator[JobLink]:
+        """A link to ``peer``, its stream open already when one is idle; kept for the next
+        borrower afterwards while its stream is open."""
+        idle = self._idle.get(peer)
+        link = idle.pop()[1] if idle else JobLink(self._net, peer)
+        try:
+            yield link
+        except BaseException:
+            await link.aclose()
+            raise
+        if not link.open:
+            return
+        idle = self._idle.setdefault(peer, [])
+        idle.append((trio.current_time(), link))
+        if len(idle) > MAX_IDLE:
+            await idle.pop(0)[1].aclose()
+
+    async def run(self) -> None:
+        """Close the streams left unused for ``IDLE_S``; until cancelled."""
+        try:
+            while True:
+                await trio.sleep(IDLE_S / 2)
+                stale = trio.current_time() - IDLE_S
+                for peer, idle in list(self._idle.items()):
+                    keep = [(since, link) for since, link in idle if since > stale]
+                    self._idle[peer] = keep
+                    if not keep:
+                        del self._idle[peer]
+                    for since, link in idle:
+                        if since <= stale:
+                            await link.aclose()
+        finally:
+            with trio.CancelScope(shield=True):
+                for idle in self._idle.values():
+                    for _, link in idle:
+                        await link.aclose()
+                self._idle.clear()

@@ -578,29 +578,34 @@ class Provider:
 
     async def _deliver_to(self, lane: tuple[str, bytes]) -> None:
         """Deliver one job's queued messages to its buyer in order, on one stream while the
-        job runs (node/market/joblink.py); stop at the first that fails."""
+        job runs, kept for the next job afterwards (node/market/joblink.py); stop at the
+        first that fails."""
         peer, agreement_id = lane
-        link = JobLink(self.market.net, PeerId(peer))
         delivered = False
         try:
-            while True:
-                # Taken before looking: a message queued after it wakes us.
-                queued = self._queued.setdefault(agreement_id, trio.Event())
-                items = _in_lane(self.db.outbox(), lane)
-                if not items and agreement_id not in self._running:
-                    break
-                if not items:  # the job runs: its next status or receipt comes on this stream
-                    await queued.wait()
-                for item_id, _, _, wire in items:
-                    if not await self._deliver(item_id, agreement_id, link, wire):
-                        return
-            delivered = True
+            async with self.market.job_links.borrow(PeerId(peer)) as link:
+                delivered = await self._deliver_lane(lane, link)
         finally:
             self._delivering.discard(lane)
             self._queued.pop(agreement_id, None)
-            await link.aclose()
             if delivered:  # a message queued while we delivered goes now, not at the retry
                 self._wake.set()
+
+    async def _deliver_lane(self, lane: tuple[str, bytes], link: JobLink) -> bool:
+        """Deliver the lane's messages until its job has ended and none is left (True), or
+        one failed (False)."""
+        agreement_id = lane[1]
+        while True:
+            # Taken before looking: a message queued after it wakes us.
+            queued = self._queued.setdefault(agreement_id, trio.Event())
+            items = _in_lane(self.db.outbox(), lane)
+            if not items and agreement_id not in self._running:
+                return True
+            if not items:  # the job runs: its next status or receipt comes on this stream
+                await queued.wait()
+            for item_id, _, _, wire in items:
+                if not await self._deliver(item_id, agreement_id, link, wire):
+                    return False
 
     async def _deliver(self, item_id: int, agreement_id: bytes, link: JobLink, wire: bytes) -> bool:
         try:

@@ -118,6 +118,7 @@ class Reputation:
         self.market.net.serve(SUMMARY, self._serve)
         self.market.net.serve(SUMMARIES, self._serve_sync)
         self.market.on_settled = self.settled
+        self.market.on_summary_ask = self.answer_ask
         self.market.on_joined = self._joins_send.send_nowait
         async with trio.open_nursery() as nursery:
             nursery.start_soon(self._drain, channel)
@@ -146,7 +147,7 @@ class Reputation:
         try:
             with trio.fail_after(self.market.timings.hello_timeout_s):
                 frame = control(summary=summary.to_bytes(), signature=own)
-                answer = read_control(await request(self.market.net, peer, SUMMARY, frame))
+                answer = read_control(await self._ask(peer, frame))
             theirs = answer.get("signature")
             if type(theirs) is not bytes:
                 raise InvalidMessage(Reason.MISSING_FIELD, "the answer carries no signature")
@@ -158,11 +159,31 @@ class Reputation:
         self._save(SignedSummary(summary=summary, payer_signature=theirs, payee_signature=own))
         self.market.touch()
 
-    async def _serve(self, raw: Stream) -> None:
-        """The payer's side: sign the summary of a receipt we countersigned."""
-        stream = FramedStream(raw)
+    async def _ask(self, peer: PeerId, frame: bytes) -> bytes:
+        """Ask on a ``/cx/job/1`` stream kept open to the buyer (node/market/joblink.py); a
+        buyer that refuses the ask there (a node from before rule 6 allowed it) is asked
+        again on ``/cx/summary/1``."""
+        async with self.market.job_links.borrow(peer) as link:
+            answer = await link.ask(frame)
         try:
-            ask = read_control(await stream.receive_frame())
+            read_control(answer)
+        except PeerRefused:
+            return await request(self.market.net, peer, SUMMARY, frame)
+        return answer
+
+    async def _serve(self, raw: Stream) -> None:
+        """The payer's side on ``/cx/summary/1``: one ask, one answer."""
+        stream = FramedStream(raw)
+        ask = await stream.receive_frame()
+        if ask is None:
+            return
+        await stream.send_frame(await self.answer_ask(ask, raw.remote_peer))
+
+    async def answer_ask(self, frame: bytes, peer: PeerId) -> bytes:
+        """The payer's side: sign, store and publish the summary of a receipt we
+        countersigned; the frame that answers the ask (an error frame when refused)."""
+        try:
+            ask = read_control(frame)
             raw_summary, theirs = ask.get("summary"), ask.get("signature")
             if type(raw_summary) is not bytes or type(theirs) is not bytes:
                 raise InvalidMessage(Reason.BAD_FIELD, "ask for a summary and a signature")
@@ -171,13 +192,13 @@ class Reputation:
                 raise InvalidMessage(Reason.TERMS_MISMATCH, "not a receipt we countersigned")
             PublicKey(summary.payee).verify(SUMMARY_DOMAIN, raw_summary, theirs)
             own = sign_summary(self.key, summary)
-            signed = SignedSummary(summary=summary, payer_signature=own, payee_signature=theirs)
         except ProtocolError as exc:
-            log.info("refused to sign a summary for %s: %s", raw.remote_peer, exc)
-            await stream.send_frame(control(error=exc.reason.value, detail=str(exc)))
-            return
-        await stream.send_frame(control(signature=own))
-        await self._publish(signed)
+            log.info("refused to sign a summary for %s: %s", peer, exc)
+            return control(error=exc.reason.value, detail=str(exc))
+        await self._publish(
+            SignedSummary(summary=summary, payer_signature=own, payee_signature=theirs)
+        )
+        return control(signature=own)
 
     async def _publish(self, signed: SignedSummary) -> None:
         self._save(signed)

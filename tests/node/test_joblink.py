@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import trio
 
-from node.market.joblink import JobLink
+from node.market.joblink import IDLE_S, JobLink, JobLinks
 from node.net.memnet import MemoryHub, serve_memory_network
 from node.net.transport import FramedStream, PeerId, Stream
 from node.net.wire import JOB
@@ -45,3 +45,38 @@ async def test_a_jobs_messages_are_each_answered_on_as_few_streams_as_the_buyer_
         nursery.cancel_scope.cancel()
     assert answers == [b"ok " + message for message in MESSAGES]
     assert streams == streams_opened
+
+
+async def test_the_next_job_reuses_an_idle_stream_and_idle_streams_are_closed(
+    autojump_clock: trio.testing.MockClock,
+) -> None:
+    opened = closed = 0
+
+    async def buyer_side(raw: Stream) -> None:
+        nonlocal opened, closed
+        opened += 1
+        stream = FramedStream(raw)
+        while frame := await stream.receive_frame():
+            await stream.send_frame(b"ok " + frame)
+        closed += 1
+
+    hub = MemoryHub()
+    async with trio.open_nursery() as nursery:
+        provider = await nursery.start(serve_memory_network, hub, PeerId("provider"))
+        buyer = await nursery.start(serve_memory_network, hub, PeerId("buyer"))
+        buyer.serve(JOB, buyer_side)
+        await provider.connect(buyer.listen_addrs[0])
+        links = JobLinks(provider)
+        for message in MESSAGES:  # one job after another: one stream
+            async with links.borrow(PeerId("buyer")) as link:
+                assert await link.ask(message) == b"ok " + message
+        assert (opened, closed) == (1, 0)
+        async with links.borrow(PeerId("buyer")) as first:  # two at once: one more
+            async with links.borrow(PeerId("buyer")) as second:
+                assert await first.ask(b"a") == b"ok a"
+                assert await second.ask(b"b") == b"ok b"
+        assert (opened, closed) == (2, 0)
+        nursery.start_soon(links.run)
+        await trio.sleep(IDLE_S * 2)  # unused since: both are closed
+        assert (opened, closed) == (2, 2)
+        nursery.cancel_scope.cancel()
