@@ -26,16 +26,15 @@ from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
 from node.market import peering
 from node.market.gossip import Market
+from node.market.joblink import JobLink, JobLinks
 from node.market.livelogs import ask_logs
 from node.market.request import JobRequest, RequestError, bid_from_request, parse_request
 from node.market.secrets import Vault, lost_secrets, send_secrets
 from node.market.stopping import ask_stop
 from node.net.transport import (
     FramedStream,
-    NetReason,
     NetworkError,
     PeerId,
-    RemoteNetworkError,
     Stream,
 )
 from node.net.wire import (
@@ -125,6 +124,7 @@ class Buyer:
         self._followed: dict[bytes, trio.Event] = {}  # agreement id -> job over
         self.vault = Vault()  # the jobs' registry logins and S3 keys, in memory only
         self.distrusted: set[bytes] = set()  # providers whose work score a check refuted
+        self.links = JobLinks(market.net, NEGOTIATE)  # negotiate streams kept open
 
     @property
     def db(self) -> Database:
@@ -133,6 +133,7 @@ class Buyer:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:  # noqa: ANN401
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.links.run)
             self.market.on_match = self._on_match
             self.market.on_rescored = self._rematch_waiting
             self.market.net.serve(JOB, self._serve_job)
@@ -392,12 +393,10 @@ class Buyer:
         try:
             with trio.fail_after(self.timings.negotiation_timeout_s):
                 await peering.reach(self.market, who)
-                stream = FramedStream(await self.market.net.open_stream(who, NEGOTIATE))
-                try:
-                    await stream.send_frame(proposal.wire)
-                    answer = await stream.receive_frame()
-                    if answer is None:
-                        raise RemoteNetworkError(NetReason.CLOSED, "no answer to the proposal")
+                # A stream kept from the last negotiation with this provider, if one is
+                # idle (node/market/joblink.py): kept again after a clean end.
+                async with self.links.borrow(who) as link:
+                    answer = await link.ask(proposal.wire)
                     reply = self.buying.receive_reply(answer, now_ms=self.market.now_ms())
                     if not isinstance(reply.payload, Accept):
                         why = why_rejected(reply.payload)
@@ -410,16 +409,14 @@ class Buyer:
                     self._agreed(job_id, match, agreement)  # durable before the provider runs
                     self.market.metrics.negotiation("buyer", "agreed")
                     try:
-                        await stream.send_frame(agreement.to_wire())
-                        read_control(await stream.receive_frame())
-                        await self._send_secrets(stream, job_id, agreement, match)
+                        read_control(await link.ask(agreement.to_wire(), retry=False))
+                        await self._send_secrets(link, job_id, agreement, match)
                     except (NetworkError, PeerRefused) as exc:
                         log.warning("agreement %s unacknowledged (%s)", agreement.id.hex(), exc)
+                        await link.aclose()  # not kept: the provider may wait for more
                     if (trade := self.buying.trade_print(proposal.id)) is not None:
                         await self.market.record_print(trade)
                     return agreement
-                finally:
-                    await stream.aclose()
         except (EvidenceError, attestation.EnrolmentError) as exc:
             self.buying.evidence_failed(proposal.id)
             self._event(job_id, "negotiating", f"{who}: evidence refused: {exc}")
@@ -434,12 +431,13 @@ class Buyer:
         return None
 
     async def _send_secrets(
-        self, stream: FramedStream, job_id: str, agreement: Agreement, match: Match
+        self, link: JobLink, job_id: str, agreement: Agreement, match: Match
     ) -> None:
         credentials, seal_key = self.vault.get(job_id), match.offer.payload.seal_key
         if agreement.terms.job.secrets and credentials is not None and seal_key is not None:
+            assert link.stream is not None  # the agreement went on it
             await send_secrets(
-                stream, self.key, agreement, seal_key, credentials,
+                link.stream, self.key, agreement, seal_key, credentials,
                 nonce=self.market.nonce(), now_ms=self.market.now_ms(),
             )  # fmt: skip
 
