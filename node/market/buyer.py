@@ -122,6 +122,7 @@ class Buyer:
         # the bid left the book with them, so they are its next candidates
         self._arrived: dict[bytes, list[Match]] = {}
         self._followed: dict[bytes, trio.Event] = {}  # agreement id -> job over
+        self._held: dict[bytes, Signed[Bid]] = {}  # bid id -> bid proposed at once, not gossiped
         self.vault = Vault()  # the jobs' registry logins and S3 keys, in memory only
         self.distrusted: set[bytes] = set()  # providers whose work score a check refuted
         self.links = JobLinks(market.net, NEGOTIATE)  # negotiate streams kept open
@@ -253,9 +254,14 @@ class Buyer:
         return order, matches
 
     async def _announce(self, order: Signed[Bid], matches: list[Match]) -> None:
+        """Propose to the offers the bid matched in our book; gossip it now if it matched
+        none, else only if no agreement comes of them (spec/peer.md rule 3)."""
         for match in matches:
             self._on_match(match)
-        await self.market.publish(order)
+        if order.id in self._negotiating:
+            self._held[order.id] = order
+        else:
+            await self.market.publish(order)
 
     async def cancel(self, job_id: str) -> bool:
         """Withdraw a job's bid if it has not been agreed yet; False if it is too late."""
@@ -346,13 +352,23 @@ class Buyer:
             if job_id is not None and tried:
                 why = self.quota_held(bid_id) or "no provider agreed yet; the bid waits for offers"
                 self._event(job_id, "waiting", why)
+            await self._publish_held(bid_id)
         except Exception:
             # Top of a per-bid task: the node keeps serving; the bid rests for new offers.
             log.exception("negotiation for bid %s failed", bid_id.hex()[:16])
+            await self._publish_held(bid_id)
         finally:
+            self._held.pop(bid_id, None)  # agreed, or its job ended: never gossiped
             self._negotiating.discard(bid_id)
             for unused in self._arrived.pop(bid_id, []):  # the offers get their capacity back
                 self.buying.trader.book.give_back(unused.offer.id, unused.resources)
+
+    async def _publish_held(self, bid_id: bytes) -> None:
+        """Gossip a bid held back while it was proposed at once (spec/peer.md rule 3): no
+        agreement came of it, so it rests, and other providers may invite it now."""
+        held = self._held.pop(bid_id, None)
+        if held is not None:
+            await self.market.publish(held)
 
     async def _serve_invite(self, raw: Stream) -> None:
         """A provider invites one of our resting bids to its offer (node/market/invitations.py)."""
