@@ -634,8 +634,10 @@ class Provider:
             with trio.fail_after(self.timings.delivery_timeout_s):
                 answer = await link.ask(wire)
             read_control(answer)  # raises PeerRefused for an error answer
-            if is_receipt:
-                self._settle(item_id, answer)  # the answer is the countersigned receipt
+            if is_receipt:  # the answer is the countersigned receipt
+                # Acknowledged to no one: its fsync may leave the event loop to the next job.
+                async with self.db.synced_off_loop():
+                    self._settle(item_id, answer)
             else:
                 self.db.delivered(item_id)
             return True
