@@ -138,8 +138,9 @@ class JobLinks:
                         if since <= stale:
                             await link.aclose()
         finally:
+            # Taken out first: a job that ends while these close puts its link back.
+            left = [link for idle in self._idle.values() for _, link in idle]
+            self._idle.clear()
             with trio.CancelScope(shield=True):
-                for idle in self._idle.values():
-                    for _, link in idle:
-                        await link.aclose()
-                self._idle.clear()
+                for link in left:
+                    await link.aclose()

@@ -5,7 +5,9 @@ spec/reputation.md states the rules. The parts here:
 - *Settling.* When a receipt is countersigned, both parties derive its summary
   (:func:`protocol.reputation.summarize`), sign it and store it with their own signature:
   a node's own receipts count at once, with no exchange. The provider (payee) then asks
-  the buyer (payer) for its signature on ``/cx/summary/1``; the buyer checks the summary is
+  the buyer (payer) for its signature on the ``/cx/job/1`` stream it keeps open to it
+  (node/market/joblink.py; ``/cx/summary/1`` if the buyer refuses the ask there); the
+  buyer checks the summary is
   the one it derived itself, signs, stores and publishes it, and answers with its
   signature; the provider stores the doubly signed summary. Only the buyer publishes it:
   a second copy is the same summary, which every other node would verify and then drop
