@@ -20,11 +20,14 @@ in one process, talking real libp2p (Noise + yamux) over loopback, each with its
 - throughput: ``--throughput-jobs`` short jobs submitted with 1, 4 and 16 in flight, jobs per
   second until the last one's result, beside the provider's executor alone running the same
   number of jobs as many at a time (``bench/executor.py``'s ``throughput``), same run.
+- the same sequential jobs (``--split-jobs``) with the provider in a process of its own, as
+  users run nodes (one ``cx node`` each): latency, and the CPU each process spent per job
+  (the one-process figures above share one core's event loop between the two nodes).
 
 Goal (issue 6): submit-to-result p50 < 250 ms (Bacalhau reports about 630 ms for a no-op
 executor and 1.3 s end to end). Prints a table, then one JSON line.
 Usage: .venv/bin/python bench/latency.py [--jobs 100] [--warmup 5] [--bare-runs 20]
-       [--throughput-jobs 48]
+       [--throughput-jobs 48] [--split-jobs 60]
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import logging
 import os
 import shutil
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -126,14 +130,15 @@ async def market_throughput(buyer: Peer, request: JobRequest, concurrency: int, 
     return jobs / (time.perf_counter() - t0)
 
 
-async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+def provider_config() -> NodeConfig:
     # Room for 16 of the small throughput jobs at once (the latency job asks for 1 core).
     capacity = Resources(cpu_milli=2000, memory_bytes=2 << 30, disk_bytes=4 << 30)
     prices = Prices(cpu_core_hour=90_000_000, memory_gib_hour=9_000_000)
-    provider_home = init_home(
-        work / "provider",
-        NodeConfig(provider=ProviderConfig(capacity=capacity, prices=prices, arch=Arch.AMD64)),
-    )
+    return NodeConfig(provider=ProviderConfig(capacity=capacity, prices=prices, arch=Arch.AMD64))
+
+
+async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    provider_home = init_home(work / "provider", provider_config())
     out: dict[str, Any] = {}
     async with open_peer(provider_home) as provider:
         buyer_home = init_home(
@@ -161,10 +166,14 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
             assert rootfs is not None
             # The baseline is sampled between the jobs, so both see the same machine load.
             every = max(1, args.jobs // max(1, args.bare_runs))
+            cpu0 = time.process_time()
             for n in range(args.jobs):
                 out["jobs"].append(await one_job(buyer, request, clock))
                 if n % every == every - 1 and len(out["bare"]) < args.bare_runs:
                     out["bare"].append(await bare(executor, rootfs, work / "bare"))
+            # CPU of this process (both nodes, not crun's) per job; the bare runs between
+            # the jobs run in a worker thread and count too, as a small overestimate.
+            out["cpu_ms"] = (time.process_time() - cpu0) * 1000 / args.jobs
             while len(out["bare"]) < args.bare_runs:
                 out["bare"].append(await bare(executor, rootfs, work / "bare"))
             small = build_request(
@@ -179,7 +188,69 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
                 ours = await market_throughput(buyer, small, c, args.throughput_jobs)
                 alone = await executor_throughput(executor, image, c, args.throughput_jobs)
                 out["throughput"][c] = (ours, alone)
+    if args.split_jobs:
+        out["split"] = await split(args, work, request)
     return out
+
+
+def cpu_s(pid: int) -> float:
+    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+async def split(args: argparse.Namespace, work: Path, request: JobRequest) -> dict[str, Any]:
+    """The sequential jobs again, the provider in a process of its own."""
+    provider_home = init_home(work / "provider2", provider_config())
+    child = await trio.lowlevel.open_process(
+        [sys.executable, __file__, "--serve-provider", str(provider_home.root)],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+    )
+    try:
+        assert child.stdout is not None
+        said = b""
+        while not said.endswith(b"\n"):
+            more = await child.stdout.receive_some()
+            if not more:
+                raise RuntimeError("the provider process ended before it listened")
+            said += more
+        buyer_home = init_home(work / "buyer2", NodeConfig(bootstrap=(said.decode().strip(),)))
+        image = import_image(BlobStore(buyer_home.store_root), work / "image").manifest
+        assert image == request.image
+        async with open_peer(buyer_home) as buyer:
+            for _ in range(1 + args.warmup):
+                await total_ms(buyer, request)
+            cpu0, child0 = time.process_time(), cpu_s(child.pid)
+            totals = [await total_ms(buyer, request) for _ in range(args.split_jobs)]
+            cpu1, child1 = time.process_time(), cpu_s(child.pid)
+    finally:
+        if child.stdin is not None:
+            await child.stdin.aclose()  # the provider process stops when its stdin closes
+        await child.wait()
+    n = args.split_jobs
+    return {
+        "totals": totals,
+        "buyer_cpu_ms": (cpu1 - cpu0) * 1000 / n,
+        "provider_cpu_ms": (child1 - child0) * 1000 / n,
+    }
+
+
+async def total_ms(buyer: Peer, request: JobRequest) -> float:
+    t0 = time.perf_counter()
+    job = await buyer.submit(request)
+    with trio.fail_after(60):
+        done = await buyer.wait(job.id)
+    if done.state != "succeeded":
+        raise RuntimeError(f"job {job.id} ended {done.state}: {done.detail}")
+    return (time.perf_counter() - t0) * 1000
+
+
+async def serve_provider(home: Path) -> None:
+    """The provider process of ``split``: say where it listens, serve until stdin closes."""
+    async with open_peer(home) as provider:
+        print(provider.net.listen_addrs[0], flush=True)
+        await trio.to_thread.run_sync(sys.stdin.read)
 
 
 async def bare(executor: Executor, rootfs: Path, where: Path) -> float:
@@ -201,8 +272,13 @@ def main() -> int:
     parser.add_argument("--warmup", type=int, default=5)
     parser.add_argument("--bare-runs", type=int, default=20)
     parser.add_argument("--throughput-jobs", type=int, default=48)
+    parser.add_argument("--split-jobs", type=int, default=60)
+    parser.add_argument("--serve-provider", type=Path, help=argparse.SUPPRESS)
     args = parser.parse_args()
     logging.basicConfig(level=logging.ERROR)
+    if args.serve_provider is not None:
+        trio.run(serve_provider, args.serve_provider)
+        return 0
     load_before = os.getloadavg()[0]  # this machine is shared: say how busy it was
     work = Path(tempfile.mkdtemp(prefix="cx-latency-"))
     work.chmod(0o711)  # containers run under a mapped uid: every directory above must be o+x
@@ -238,9 +314,27 @@ def main() -> int:
     ]
     for name, ms, note in rows:
         print(f"  {name:<50} {ms:8.1f} ms  {note}")
+    print(f"  CPU of the one process (both nodes) per job: {r['cpu_ms']:.1f} ms")
     print(f"  throughput, {args.throughput_jobs} jobs: in flight, market jobs/s, executor alone")
     for c, (ours, alone) in r["throughput"].items():
         print(f"  {c:>4} {ours:8.1f} {alone:8.1f}  ({ours / alone:.2f}x)")
+    split_figures: dict[str, float] = {}
+    if "split" in r:
+        sp = r["split"]
+        s50, s90, s99 = (pct(sp["totals"], q) for q in (0.5, 0.9, 0.99))
+        split_figures = {
+            "p50_ms": round(s50, 1),
+            "p90_ms": round(s90, 1),
+            "p99_ms": round(s99, 1),
+            "p50_over_bare": round(s50 / bare, 2),
+            "p99_over_bare": round(s99 / bare, 2),
+            "buyer_cpu_ms_per_job": round(sp["buyer_cpu_ms"], 1),
+            "provider_cpu_ms_per_job": round(sp["provider_cpu_ms"], 1),
+        }
+        print(f"  provider in a process of its own, {len(sp['totals'])} sequential jobs:")
+        print(f"    p50 {s50:.1f} ms ({s50 / bare:.1f}x bare), p90 {s90:.1f}, p99 {s99:.1f} ms "
+              f"({s99 / bare:.1f}x bare); CPU per job: buyer {sp['buyer_cpu_ms']:.1f} ms, "
+              f"provider {sp['provider_cpu_ms']:.1f} ms")  # fmt: skip
     print(
         json.dumps(
             {
@@ -255,6 +349,9 @@ def main() -> int:
                 "phase_median_ms": {p: round(v, 1) for p, v in phases.items()},
                 "bare_ms": round(bare, 1),
                 "p50_over_bare": round(p50 / bare, 2),
+                "p99_over_bare": round(p99 / bare, 2),
+                "cpu_ms_per_job": round(r["cpu_ms"], 1),
+                "split_processes": split_figures,
                 "goal_p50_ms": 250,
                 "throughput_jobs_per_s": {
                     str(c): {"market": round(ours, 1), "executor": round(alone, 1)}

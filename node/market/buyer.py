@@ -26,16 +26,15 @@ from attest.errors import EvidenceError
 from attest.evidence import TPM_KIND, verify_evidence
 from node.market import peering
 from node.market.gossip import Market
+from node.market.joblink import JobLink, JobLinks
 from node.market.livelogs import ask_logs
 from node.market.request import JobRequest, RequestError, bid_from_request, parse_request
 from node.market.secrets import Vault, lost_secrets, send_secrets
 from node.market.stopping import ask_stop
 from node.net.transport import (
     FramedStream,
-    NetReason,
     NetworkError,
     PeerId,
-    RemoteNetworkError,
     Stream,
 )
 from node.net.wire import (
@@ -55,8 +54,9 @@ from node.storage.jobdata import Credentials
 from node.tpm import attestor as attestation
 from protocol.book import Match
 from protocol.buying import Buying
+from protocol.encoding import decode
 from protocol.envelope import MessageId, Signed, open_signed
-from protocol.errors import ProtocolError, Reason
+from protocol.errors import DecodeError, ProtocolError, Reason
 from protocol.identity import PrivateKey, PublicKey
 from protocol.job import END_STATE, ENDED
 from protocol.messages import (
@@ -122,8 +122,10 @@ class Buyer:
         # the bid left the book with them, so they are its next candidates
         self._arrived: dict[bytes, list[Match]] = {}
         self._followed: dict[bytes, trio.Event] = {}  # agreement id -> job over
+        self._held: dict[bytes, Signed[Bid]] = {}  # bid id -> bid proposed at once, not gossiped
         self.vault = Vault()  # the jobs' registry logins and S3 keys, in memory only
         self.distrusted: set[bytes] = set()  # providers whose work score a check refuted
+        self.links = JobLinks(market.net, NEGOTIATE)  # negotiate streams kept open
 
     @property
     def db(self) -> Database:
@@ -132,6 +134,7 @@ class Buyer:
     async def run(self, *, task_status: Any = trio.TASK_STATUS_IGNORED) -> None:  # noqa: ANN401
         async with trio.open_nursery() as nursery:
             self._nursery = nursery
+            nursery.start_soon(self.links.run)
             self.market.on_match = self._on_match
             self.market.on_rescored = self._rematch_waiting
             self.market.net.serve(JOB, self._serve_job)
@@ -251,9 +254,14 @@ class Buyer:
         return order, matches
 
     async def _announce(self, order: Signed[Bid], matches: list[Match]) -> None:
+        """Propose to the offers the bid matched in our book; gossip it now if it matched
+        none, else only if no agreement comes of them (spec/peer.md rule 3)."""
         for match in matches:
             self._on_match(match)
-        await self.market.publish(order)
+        if order.id in self._negotiating:
+            self._held[order.id] = order
+        else:
+            await self.market.publish(order)
 
     async def cancel(self, job_id: str) -> bool:
         """Withdraw a job's bid if it has not been agreed yet; False if it is too late."""
@@ -344,13 +352,23 @@ class Buyer:
             if job_id is not None and tried:
                 why = self.quota_held(bid_id) or "no provider agreed yet; the bid waits for offers"
                 self._event(job_id, "waiting", why)
+            await self._publish_held(bid_id)
         except Exception:
             # Top of a per-bid task: the node keeps serving; the bid rests for new offers.
             log.exception("negotiation for bid %s failed", bid_id.hex()[:16])
+            await self._publish_held(bid_id)
         finally:
+            self._held.pop(bid_id, None)  # agreed, or its job ended: never gossiped
             self._negotiating.discard(bid_id)
             for unused in self._arrived.pop(bid_id, []):  # the offers get their capacity back
                 self.buying.trader.book.give_back(unused.offer.id, unused.resources)
+
+    async def _publish_held(self, bid_id: bytes) -> None:
+        """Gossip a bid held back while it was proposed at once (spec/peer.md rule 3): no
+        agreement came of it, so it rests, and other providers may invite it now."""
+        held = self._held.pop(bid_id, None)
+        if held is not None:
+            await self.market.publish(held)
 
     async def _serve_invite(self, raw: Stream) -> None:
         """A provider invites one of our resting bids to its offer (node/market/invitations.py)."""
@@ -391,12 +409,10 @@ class Buyer:
         try:
             with trio.fail_after(self.timings.negotiation_timeout_s):
                 await peering.reach(self.market, who)
-                stream = FramedStream(await self.market.net.open_stream(who, NEGOTIATE))
-                try:
-                    await stream.send_frame(proposal.wire)
-                    answer = await stream.receive_frame()
-                    if answer is None:
-                        raise RemoteNetworkError(NetReason.CLOSED, "no answer to the proposal")
+                # A stream kept from the last negotiation with this provider, if one is
+                # idle (node/market/joblink.py): kept again after a clean end.
+                async with self.links.borrow(who) as link:
+                    answer = await link.ask(proposal.wire)
                     reply = self.buying.receive_reply(answer, now_ms=self.market.now_ms())
                     if not isinstance(reply.payload, Accept):
                         why = why_rejected(reply.payload)
@@ -409,16 +425,14 @@ class Buyer:
                     self._agreed(job_id, match, agreement)  # durable before the provider runs
                     self.market.metrics.negotiation("buyer", "agreed")
                     try:
-                        await stream.send_frame(agreement.to_wire())
-                        read_control(await stream.receive_frame())
-                        await self._send_secrets(stream, job_id, agreement, match)
+                        read_control(await link.ask(agreement.to_wire(), retry=False))
+                        await self._send_secrets(link, job_id, agreement, match)
                     except (NetworkError, PeerRefused) as exc:
                         log.warning("agreement %s unacknowledged (%s)", agreement.id.hex(), exc)
+                        await link.aclose()  # not kept: the provider may wait for more
                     if (trade := self.buying.trade_print(proposal.id)) is not None:
                         await self.market.record_print(trade)
                     return agreement
-                finally:
-                    await stream.aclose()
         except (EvidenceError, attestation.EnrolmentError) as exc:
             self.buying.evidence_failed(proposal.id)
             self._event(job_id, "negotiating", f"{who}: evidence refused: {exc}")
@@ -433,12 +447,13 @@ class Buyer:
         return None
 
     async def _send_secrets(
-        self, stream: FramedStream, job_id: str, agreement: Agreement, match: Match
+        self, link: JobLink, job_id: str, agreement: Agreement, match: Match
     ) -> None:
         credentials, seal_key = self.vault.get(job_id), match.offer.payload.seal_key
         if agreement.terms.job.secrets and credentials is not None and seal_key is not None:
+            assert link.stream is not None  # the agreement went on it
             await send_secrets(
-                stream, self.key, agreement, seal_key, credentials,
+                link.stream, self.key, agreement, seal_key, credentials,
                 nonce=self.market.nonce(), now_ms=self.market.now_ms(),
             )  # fmt: skip
 
@@ -579,6 +594,8 @@ class Buyer:
             log.info("job stream from %s ended: %s", raw.remote_peer, exc)
 
     async def _job_message(self, frame: bytes, peer: PeerId) -> bytes:
+        if _is_control(frame):  # a receipt summary to sign (spec/reputation.md rule 6)
+            return await self.market.on_summary_ask(frame, peer)
         try:
             message: Signed[Any] = open_signed(frame)
             if isinstance(message.payload, JobStatus):
@@ -749,3 +766,12 @@ def _refs(items: tuple[DataRef, ...]) -> list[dict[str, Any]]:
         {"path": r.path, "digest": r.digest, "size": r.size, **({"url": r.url} if r.url else {})}
         for r in items
     ]
+
+
+def _is_control(frame: bytes) -> bool:
+    """Is this a control frame rather than a signed message? A control frame decodes whole
+    as one map; a signed message opens with 64 signature bytes, so it does not."""
+    try:
+        return isinstance(decode(frame), dict)
+    except DecodeError:
+        return False

@@ -16,12 +16,13 @@ from __future__ import annotations
 
 import logging
 import math
-from collections.abc import Callable
+from collections.abc import Awaitable, Callable
 from typing import TYPE_CHECKING, Any
 
 import trio
 
 from node.clock import Clock, Entropy, Timings, nonce
+from node.market.joblink import JobLinks
 from node.metrics import Metrics
 from node.net.transport import (
     FramedStream,
@@ -67,6 +68,10 @@ TAPE_SYNC_MAX = 10_000  # prints a tape exchange serves, newest kept
 TAPE_FLUSH_S = 1.0  # prints are written in one transaction per this long
 
 
+async def _no_summaries(frame: bytes, peer: PeerId) -> bytes:
+    return control(error=Reason.WRONG_TYPE.value, detail="this node signs no receipt summaries")
+
+
 class Market:
     """The node's market core; the roles reach the network, state, time and randomness
     through it (``clock``, ``timings``, ``entropy`` are the only sources of those)."""
@@ -92,12 +97,15 @@ class Market:
         self.entropy = entropy
         self.metrics = metrics or Metrics()  # what /metrics counts (node/metrics.py)
         self.addresses: dict[PeerId, str] = {}  # dialable addresses learned by hello
+        self.job_links = JobLinks(net)  # /cx/job/1 streams kept open (provider, reputation)
         self.tape = Tape()
         self._unsaved_prints: list[tuple[bytes, int, bytes]] = []
         self.rejected: dict[str, int] = {}  # gossip refused, by reason
         self.on_match: Callable[[Match], None] = lambda match: None
         # A receipt of ours was countersigned (node/market/reputation.py counts it).
         self.on_settled: Callable[[Agreement, CountersignedReceipt], None] = lambda a, r: None
+        # A provider asks on /cx/job/1 for our signature on a receipt summary: the answer.
+        self.on_summary_ask: Callable[[bytes, PeerId], Awaitable[bytes]] = _no_summaries
         self.on_rescored: Callable[[], None] = lambda: None  # reputation scores changed
         self.on_joined: Callable[[PeerId], None] = lambda peer: None  # after join's syncs
         self._matches_send, self._matches = trio.open_memory_channel[Match](math.inf)
@@ -146,6 +154,7 @@ class Market:
             nursery.start_soon(self._dispatch_matches)
             nursery.start_soon(self._store_prints)
             nursery.start_soon(self._maintain)
+            nursery.start_soon(self.job_links.run)
             task_status.started()
 
     # -- gossip ------------------------------------------------------------------------

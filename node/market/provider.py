@@ -32,7 +32,7 @@ from node.market.benchmark import measure_work_score
 from node.market.gossip import Market
 from node.market.holdings import follow_holdings, held_now
 from node.market.invitations import send_invitations
-from node.market.joblink import JobLink
+from node.market.joblink import IDLE_S, JobLink
 from node.market.livelogs import CHUNK, answer_logs
 from node.market.quotas import feed_spend, group_uses
 from node.market.repricing import asking_now, follow_prices
@@ -87,6 +87,9 @@ __all__ = ["Provider", "Runner"]
 
 log = logging.getLogger(__name__)
 
+# A negotiate stream the buyer keeps (node/market/joblink.py) is closed after this long
+# unused: the buyer closes its own after IDLE_S, so only a buyer that forgot it meets this.
+NEGOTIATE_IDLE_S = 3 * IDLE_S
 # A buyer that refuses a receipt for one of these reasons will refuse it again.
 _FINAL_REFUSALS = frozenset(
     {Reason.ILLEGAL_TRANSITION, Reason.TERMS_MISMATCH, Reason.WRONG_PARTY, Reason.BAD_SIGNATURE}
@@ -278,24 +281,34 @@ class Provider:
     # -- negotiation -------------------------------------------------------------------
 
     async def _serve_negotiate(self, raw: Stream) -> None:
+        """Negotiations one after another, for as long as the buyer keeps the stream
+        (node/market/joblink.py); a stream left unused for ``NEGOTIATE_IDLE_S`` is closed."""
         stream = FramedStream(raw)
-        frame = await stream.receive_frame()
-        if frame is None:
-            return
+        while True:
+            frame = None
+            with trio.move_on_after(NEGOTIATE_IDLE_S):
+                frame = await stream.receive_frame()
+            if frame is None or not await self._negotiate(stream, raw.remote_peer, frame):
+                return
+
+    async def _negotiate(self, stream: FramedStream, buyer: PeerId, frame: bytes) -> bool:
+        """Answer one proposal, and take the agreement that follows an accept; whether the
+        stream may carry the buyer's next proposal."""
         try:
             proposal = self.selling.receive_proposal(frame, now_ms=self.market.now_ms())
-            if proposal.signer.peer_id != raw.remote_peer:
+            if proposal.signer.peer_id != buyer:
                 raise ProtocolError(Reason.WRONG_PARTY, "the proposal's buyer is not this peer")
         except ProtocolError as exc:
             await stream.send_frame(control(error=exc.reason.value, detail=str(exc)))
-            return
+            return False
         reply = await self._answer(proposal.id, proposal.payload.terms)
-        await stream.send_frame(reply.wire)
-        if not isinstance(reply.payload, Accept):
+        if not isinstance(reply.payload, Accept):  # counted before the buyer can hear of it
             self.market.metrics.negotiation("provider", "rejected")
             if (quota := reply.payload.quota) is not None:
                 self.market.metrics.quota_refusals.labels(quota.group, quota.quota.value).inc()
-            return
+            await stream.send_frame(reply.wire)
+            return True
+        await stream.send_frame(reply.wire)
         try:
             with trio.fail_after(self.timings.agreement_timeout_s):
                 wire = await stream.receive_frame()
@@ -306,30 +319,33 @@ class Provider:
             log.info("no agreement for proposal %s: %s", proposal.id.hex()[:12], exc)
             self.selling.timed_out(proposal.id)
             self.market.metrics.negotiation("provider", "failed")
-            return
+            return False
         self.db.save_agreement(
             agreement.id,
             role="provider",
             wire=agreement.to_wire(),
             state=JobState.AGREED.value,
-            peer=raw.remote_peer,
+            peer=buyer,
             job_id=None,
             created_ms=self.market.now_ms(),
         )
         self.market.metrics.negotiation("provider", "agreed")
+        kept = True
         try:
             await stream.send_frame(control(ok=True))
         except NetworkError as exc:
             log.info("agreement ack lost (%s); the buyer holds the agreement already", exc)
+            kept = False
         credentials: Credentials | None = Credentials()
         if agreement.terms.job.secrets:
             try:
                 credentials = await receive_secrets(stream, agreement, self.seal)
             except (ProtocolError, NetworkError, trio.TooSlowError) as exc:
                 log.info("no secrets for %s: %s", agreement.id.hex()[:16], exc)
-                credentials = None
+                credentials, kept = None, False
         assert self._nursery is not None
         self._nursery.start_soon(self._run_job, agreement, credentials)
+        return kept
 
     async def _answer(self, proposal_id: MessageId, terms: Terms) -> Signed[Any]:
         """Refuse, or make room and accept with evidence when the terms need it."""
@@ -578,29 +594,34 @@ class Provider:
 
     async def _deliver_to(self, lane: tuple[str, bytes]) -> None:
         """Deliver one job's queued messages to its buyer in order, on one stream while the
-        job runs (node/market/joblink.py); stop at the first that fails."""
+        job runs, kept for the next job afterwards (node/market/joblink.py); stop at the
+        first that fails."""
         peer, agreement_id = lane
-        link = JobLink(self.market.net, PeerId(peer))
         delivered = False
         try:
-            while True:
-                # Taken before looking: a message queued after it wakes us.
-                queued = self._queued.setdefault(agreement_id, trio.Event())
-                items = _in_lane(self.db.outbox(), lane)
-                if not items and agreement_id not in self._running:
-                    break
-                if not items:  # the job runs: its next status or receipt comes on this stream
-                    await queued.wait()
-                for item_id, _, _, wire in items:
-                    if not await self._deliver(item_id, agreement_id, link, wire):
-                        return
-            delivered = True
+            async with self.market.job_links.borrow(PeerId(peer)) as link:
+                delivered = await self._deliver_lane(lane, link)
         finally:
             self._delivering.discard(lane)
             self._queued.pop(agreement_id, None)
-            await link.aclose()
             if delivered:  # a message queued while we delivered goes now, not at the retry
                 self._wake.set()
+
+    async def _deliver_lane(self, lane: tuple[str, bytes], link: JobLink) -> bool:
+        """Deliver the lane's messages until its job has ended and none is left (True), or
+        one failed (False)."""
+        agreement_id = lane[1]
+        while True:
+            # Taken before looking: a message queued after it wakes us.
+            queued = self._queued.setdefault(agreement_id, trio.Event())
+            items = _in_lane(self.db.outbox(), lane)
+            if not items and agreement_id not in self._running:
+                return True
+            if not items:  # the job runs: its next status or receipt comes on this stream
+                await queued.wait()
+            for item_id, _, _, wire in items:
+                if not await self._deliver(item_id, agreement_id, link, wire):
+                    return False
 
     async def _deliver(self, item_id: int, agreement_id: bytes, link: JobLink, wire: bytes) -> bool:
         try:
@@ -613,8 +634,10 @@ class Provider:
             with trio.fail_after(self.timings.delivery_timeout_s):
                 answer = await link.ask(wire)
             read_control(answer)  # raises PeerRefused for an error answer
-            if is_receipt:
-                self._settle(item_id, answer)  # the answer is the countersigned receipt
+            if is_receipt:  # the answer is the countersigned receipt
+                # Acknowledged to no one: its fsync may leave the event loop to the next job.
+                async with self.db.synced_off_loop():
+                    self._settle(item_id, answer)
             else:
                 self.db.delivered(item_id)
             return True

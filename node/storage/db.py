@@ -10,6 +10,9 @@ Rules:
 - Receipts and the ledger survive a power cut too: a transaction that writes them
   (``atomic(durable=True)``) fsyncs the WAL when it commits, and with it every commit
   before it. A power cut may roll back the other commits since the last such sync.
+  Inside :meth:`Database.synced_off_loop` (a trio task's block of plain calls) that fsync
+  runs in a worker thread when the block ends, and the task goes on only after it: the
+  event loop serves the node's other work for the milliseconds a disk sync takes.
 - A countersigned receipt and its ledger entry are written in one transaction, so the
   ledger never holds an entry without its receipt, nor a receipt without its entry.
 - A provider marks an agreement ``started`` before its container starts; after a crash a
@@ -25,14 +28,17 @@ Rules:
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import json
 import logging
 import os
 import sqlite3
-from collections.abc import Iterator
-from dataclasses import dataclass, fields
+from collections.abc import AsyncIterator, Iterator
+from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any
+
+import trio
 
 from protocol.settlement import LedgerEntry
 
@@ -147,6 +153,19 @@ class AgreementRow:
     created_ms: int
 
 
+@dataclass(slots=True)
+class _Due:
+    """The databases whose durable commits wait for the end of a synced_off_loop block."""
+
+    databases: set[Database] = field(default_factory=set)
+    open: bool = True
+
+
+_SYNCS_DUE: contextvars.ContextVar[_Due | None] = contextvars.ContextVar(
+    "cx_db_syncs_due", default=None
+)
+
+
 class Database:
     def __init__(self, path: Path | str) -> None:
         """Open (or create) the database at ``path`` and check it.
@@ -197,7 +216,27 @@ class Database:
         if self._depth == 0:
             self._conn.execute("COMMIT")
             if self._durable:
-                self._sync_wal()
+                due = _SYNCS_DUE.get()
+                if due is None or not due.open:  # (a task started in a block outlives it)
+                    self._sync_wal()
+                else:
+                    due.databases.add(self)
+
+    @contextlib.asynccontextmanager
+    async def synced_off_loop(self) -> AsyncIterator[None]:
+        """Durable commits in the block (this task's, per context) fsync the WAL when it
+        ends, in a worker thread; the caller goes on, and so acknowledges anything, only
+        after that sync."""
+        due = _Due()
+        token = _SYNCS_DUE.set(due)
+        try:
+            yield
+        finally:
+            due.open = False
+            _SYNCS_DUE.reset(token)
+            with trio.CancelScope(shield=True):  # committed: it reaches the disk
+                for db in due.databases:
+                    await trio.to_thread.run_sync(db._sync_wal)
 
     def _sync_wal(self) -> None:
         # What synchronous=FULL does at every commit, done for the commits that need it.

@@ -80,3 +80,15 @@ def test_only_receipts_and_the_ledger_fsync(tmp_path: Path, wal_syncs: list[str]
     assert len(wal_syncs) == 2
     db.update_job("j1", detail="after")
     assert len(wal_syncs) == 2
+
+
+async def test_a_sync_left_to_a_worker_thread_is_done_before_the_block_ends(
+    tmp_path: Path, wal_syncs: list[str]
+) -> None:
+    db = Database(tmp_path / "node.db")
+    async with db.synced_off_loop():
+        db.settle(ENTRY, b"r", b"countersigned", 9)
+        assert wal_syncs == []  # committed (kill -9 safe), not yet on disk
+    assert wal_syncs == [f"{tmp_path / 'node.db'}-wal"]
+    db.save_receipt(b"\x01" * 32, b"receipt")  # outside the block: at its commit again
+    assert len(wal_syncs) == 2
