@@ -104,6 +104,31 @@ async def test_a_receipt_summary_reaches_a_third_node_and_min_reputation_rules_o
         await until(lambda: signed_summaries(late) == signed_summaries(second), late)
 
 
+async def test_a_buyer_refusing_the_summary_ask_on_its_job_stream_is_asked_on_the_summary_stream(
+    image_layout: Path,
+) -> None:
+    """A buyer from before the job stream carried summary asks answers one there with an
+    error: the provider asks again on /cx/summary/1 and both keep the doubly signed
+    summary (node/market/reputation.py, spec/reputation.md rule 6)."""
+    async with cluster(image_layout) as c:
+        provider = await c.provider("provider")
+        buyer = await c.buyer("buyer")
+        await buyer.peer.join(provider.addr)
+        refused: list[bytes] = []
+
+        async def as_before_rule_6(frame: bytes, peer: object) -> bytes:
+            refused.append(frame)
+            return control(error="bad-request", detail="not a job message")
+
+        buyer.peer.market.on_summary_ask = as_before_rule_6
+        done = await run_job(buyer, c.image)
+        agreement = buyer.peer.job(str(done["id"])).agreement_id
+        holders = (buyer, provider)
+        await until(lambda: all(agreement in signed_summaries(n) for n in holders), *holders)
+        assert signed_summaries(buyer)[agreement] == signed_summaries(provider)[agreement]
+        assert len(refused) == 1  # asked once on the job stream, then on the summary stream
+
+
 async def test_gossiped_summaries_that_are_forged_one_signed_self_dealt_or_replayed_are_refused(
     image_layout: Path,
 ) -> None:
