@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import fcntl
 import os
-import time
 import tomllib
 from dataclasses import dataclass, field, replace
 from pathlib import Path
@@ -249,30 +248,18 @@ class Home:
             fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
         except OSError as exc:
             raise HomeError(f"cannot open {path}: {exc.strerror}") from None
-        key = str(path.resolve())
-        # A node of this process that has stopped may still seem to hold it for a moment: a
-        # process being spawned meanwhile (by any thread) holds a copy of every descriptor
-        # until it execs, and the flock lives as long as any copy.
-        deadline = time.monotonic() + _SPAWN_WINDOW_S
-        while True:
-            try:
-                fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                break
-            except BlockingIOError:
-                holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
-                ours_released = holder == str(os.getpid()) and key not in _HELD_HERE
-                if ours_released and time.monotonic() < deadline:
-                    time.sleep(0.005)
-                    continue
-                os.close(fd)
-                raise HomeError(
-                    f"{self.root} is in use by another node (pid {holder}); stop that one "
-                    "first, or give this one another --home"
-                ) from None
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "unknown"
+            os.close(fd)
+            raise HomeError(
+                f"{self.root} is in use by another node (pid {holder}); stop that one first, "
+                "or give this one another --home"
+            ) from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, f"{os.getpid()}\n".encode(), 0)
-        _HELD_HERE.add(key)
-        return HomeLock(fd, key)
+        return HomeLock(fd)
 
     def convert_legacy_key(self) -> PrivateKey:
         """Rewrite a cx 0.1 key file (a bare 32-byte seed) in the checked form.
@@ -315,22 +302,19 @@ class Home:
         os.replace(tmp, self.config_path)
 
 
-# The lock files of the homes this process holds now (Home.lock), resolved.
-_HELD_HERE: set[str] = set()
-_SPAWN_WINDOW_S = 2.0  # the longest a spawn (fork to exec) may take on a loaded machine
-
-
 @dataclass(slots=True)
 class HomeLock:
     """A home held by this process (:meth:`Home.lock`)."""
 
     fd: int | None
-    path: str  # its lock file, resolved
 
     def release(self) -> None:
         if self.fd is not None:
-            _HELD_HERE.discard(self.path)
-            os.close(self.fd)  # closing our descriptor drops the flock (see Home.lock)
+            # Unlocked before closing: a process being spawned meanwhile (by any thread)
+            # holds a copy of every descriptor until it execs, and a flock lives as long
+            # as any copy does, so closing ours alone could leave the home held a while.
+            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            os.close(self.fd)
             self.fd = None
 
 

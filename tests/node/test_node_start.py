@@ -83,21 +83,26 @@ def test_a_home_runs_one_node(tmp_path):
         assert again.poll() is None
 
 
-def test_a_home_this_process_released_is_taken_again_while_a_spawn_holds_its_lock(tmp_path):
-    """A process being spawned holds a copy of every descriptor until it execs, so the lock
-    of a node this process just stopped lingers for that long: a node restarted in the same
-    process (an embedding tool, a test) waits it out instead of calling its own home busy.
-    A node of this process that still runs keeps the home to itself."""
+def test_a_home_this_process_released_is_free_at_once_while_a_spawn_holds_its_lock(tmp_path):
+    """A process being spawned holds a copy of every descriptor until it execs, and a flock
+    lives as long as any copy: a node restarted in the same process (an embedding tool, a
+    test) must still find the home its stopped node released free at once. A node of this
+    process that still runs keeps the home to itself."""
     home = init_home(tmp_path / "home", NodeConfig())
     held = home.lock()
     with pytest.raises(HomeError, match=f"in use by another node \\(pid {os.getpid()}\\)"):
         home.lock()
     # The child stands for a spawn caught between fork and exec: it holds the lock's copy.
-    spawn = subprocess.Popen(["sleep", "0.3"], pass_fds=[held.fd or -1])
-    held.release()
-    again = home.lock()
-    assert spawn.poll() is not None  # it was the last copy, and taking the lock waited for it
-    again.release()
+    spawn = subprocess.Popen(["cat"], stdin=subprocess.PIPE, pass_fds=[held.fd or -1])
+    try:
+        held.release()
+        again = home.lock()
+        assert spawn.poll() is None  # its copy still open, and the home taken all the same
+        again.release()
+    finally:
+        assert spawn.stdin is not None
+        spawn.stdin.close()
+        spawn.wait(timeout=30)
 
 
 def test_node_json_says_where_it_is_in_one_line(tmp_path):
