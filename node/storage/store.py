@@ -42,7 +42,7 @@ from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import IO
+from typing import IO, TypeVar
 
 from node.storage.partial import PartialBlob
 from protocol.content import CHUNK_SIZE, ChunkManifest, decode_manifest
@@ -54,6 +54,7 @@ __all__ = ["BlobNotFound", "BlobStore", "BlobWriter", "CorruptBlob", "StoreError
 log = logging.getLogger(__name__)
 
 _COPY = 1024 * 1024
+_Chunk = TypeVar("_Chunk", bytes, memoryview)
 _REF_NAME = re.compile(r"[A-Za-z0-9._-]+(/[A-Za-z0-9._-]+)*\Z")
 
 
@@ -435,12 +436,7 @@ class BlobStore:
         offset, length = manifest.span(index)
         with open(self.path(manifest.blob), "rb") as f:
             f.seek(offset)
-            data = f.read(length)
-        try:
-            manifest.verify_chunk(index, data)
-        except InvalidMessage:
-            self._quarantine(manifest.blob, "a chunk that does not match its manifest")
-        return data
+            return self._checked(manifest, index, f.read(length))
 
     def read_chunk_into(self, manifest: ChunkManifest, index: int, out: memoryview) -> memoryview:
         """As :meth:`read_chunk`, read into ``out`` (reused by the caller: no allocation
@@ -451,11 +447,16 @@ class BlobStore:
             view = out[: os.preadv(fd, [out[:length]], offset)]
         finally:
             os.close(fd)
+        return self._checked(manifest, index, view)
+
+    def _checked(self, manifest: ChunkManifest, index: int, data: _Chunk) -> _Chunk:
+        """``data``, read as chunk ``index`` of a stored blob, if it matches the manifest;
+        else the blob is removed (CorruptBlob): the disk does not hold what it should."""
         try:
-            manifest.verify_chunk(index, view)
+            manifest.verify_chunk(index, data)
         except InvalidMessage:
             self._quarantine(manifest.blob, "a chunk that does not match its manifest")
-        return view
+        return data
 
     # -- chunked transfer (receiving side) -------------------------------------------------
 

@@ -61,13 +61,13 @@ class DirectServer:
         serve: ServeLoop,
         *,
         max_frame: int,
-        counts: Counter[tuple[str, str]] | None = None,
+        counts: Counter[tuple[str, str]],
     ) -> None:
         self.local, self._serve, self._max_frame = local, serve, max_frame
         self._open: Counter[PeerId] = Counter()
-        self.opened = 0  # channels whose requester proved the key, since the start
-        # ("server", "opened" or "refused"): /metrics shows them (BlobStore.direct_channels)
-        self.counts: Counter[tuple[str, str]] = Counter() if counts is None else counts
+        # ("server", "opened" or "refused") since the start, opened once the requester
+        # proved the key: /metrics shows them (BlobStore.direct_channels)
+        self.counts = counts
 
     def _admit(self, peer: PeerId) -> bool:
         if self._open.total() >= MAX_CHANNELS or self._open[peer] >= MAX_PER_PEER:
@@ -122,7 +122,6 @@ class DirectServer:
         if channel is None:
             logger.info("%s did not open the direct channel it asked for", peer)
             return
-        self.opened += 1
         self.counts["server", "opened"] += 1
         try:
             await self._serve(SealedFramedStream(channel, max_frame=self._max_frame))
