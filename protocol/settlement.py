@@ -83,7 +83,7 @@ def quote_by_cpu_and_memory_price(
     per_cpu_unit = reserved.cpu_milli * wall_ms * _GIB
     per_memory_unit = reserved.memory_bytes * wall_ms * 1000
     return lambda cpu, memory: (
-        (per_cpu_unit * cpu + per_memory_unit * memory + rest) // (_DENOMINATOR)
+        (per_cpu_unit * cpu + per_memory_unit * memory + rest) // _DENOMINATOR
     )
 
 
