@@ -51,6 +51,7 @@ import trio
 
 from bench.executor import bare_lifecycle
 from bench.executor import throughput as executor_throughput
+from bench.transfer import cpu_seconds
 from node.exec.executor import Executor
 from node.market.request import JobRequest, build_request
 from node.peer import Peer, open_peer
@@ -193,12 +194,6 @@ async def bench(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     return out
 
 
-def cpu_s(pid: int) -> float:
-    """User + system CPU seconds of process ``pid`` so far (all its threads)."""
-    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
-
-
 async def split(args: argparse.Namespace, work: Path, request: JobRequest) -> dict[str, Any]:
     """The sequential jobs again, the provider in a process of its own."""
     provider_home = init_home(work / "provider2", provider_config())
@@ -221,9 +216,9 @@ async def split(args: argparse.Namespace, work: Path, request: JobRequest) -> di
         async with open_peer(buyer_home) as buyer:
             for _ in range(1 + args.warmup):
                 await total_ms(buyer, request)
-            cpu0, child0 = time.process_time(), cpu_s(child.pid)
+            cpu0, child0 = time.process_time(), cpu_seconds(child.pid)
             totals = [await total_ms(buyer, request) for _ in range(args.split_jobs)]
-            cpu1, child1 = time.process_time(), cpu_s(child.pid)
+            cpu1, child1 = time.process_time(), cpu_seconds(child.pid)
     finally:
         if child.stdin is not None:
             await child.stdin.aclose()  # the provider process stops when its stdin closes
