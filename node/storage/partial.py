@@ -81,7 +81,7 @@ class PartialBlob:
             self._have.add(index)
         self._advance_hash(index, data)
 
-    def _advance_hash(self, index: int = -1, data: bytes | memoryview = b"") -> None:
+    def _advance_hash(self, index: int, data: bytes | memoryview) -> None:
         """Hash every contiguous recorded chunk not hashed yet (``data`` is chunk
         ``index``'s, in hand). A thread that finds another hashing leaves it to that one,
         which looks again before it stops."""
