@@ -503,6 +503,7 @@ async def serve_peer(
             await nursery.start(peering.keep_in_touch, market, config.bootstrap)
             task_status.started(Peer(home, config, key, market, buyer, provider))
     finally:
+        store.save_counts()
         db.close()
         held.release()
 

@@ -16,7 +16,10 @@ Rules:
   fetched again when wanted; pinning an image keeps it from ``gc``, not from eviction) and
   whatever the caller names as live (a running job's image and inputs). An image losing a
   blob loses its ref. Use is recorded as the file's access time when a blob is read, mounted
-  or found by a fetch; :meth:`lookup` counts a fetch's hits and misses in ``stats.json``.
+  or found by a fetch; :meth:`lookup` counts a fetch's hits and misses in ``stats.json``
+  (``cx store`` reads it from another process). Counts add up in memory and are written
+  at most once a second and when the store is dropped or the process exits: the write
+  (a rename) costs half a millisecond, and a lookup sits on every job's path.
 - Large blobs move between nodes in 4 MiB chunks (protocol.content). A transfer in progress
   lives in ``partial/<hex>`` with a ``.have`` file of received chunk indices, so it resumes
   after a restart; it becomes a blob only when the whole digest checks out. Chunks are
@@ -38,6 +41,7 @@ import logging
 import os
 import re
 import time
+import weakref
 from collections import Counter
 from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
@@ -95,6 +99,9 @@ class StoreStats:
     evicted_bytes: int
 
 
+COUNTS_SAVED_EVERY_S = 1.0
+
+
 class BlobStore:
     """A directory of sha256-named blobs. Safe for concurrent writers on one filesystem."""
 
@@ -114,6 +121,9 @@ class BlobStore:
         for d in (self.root, self.root / "blobs", self._blobs):
             d.chmod(0o755)
         self._verified: dict[str, tuple[int, int, int]] = {}
+        self._unsaved: Counter[str] = Counter()  # counts stats.json does not hold yet
+        self._saved_at = float("-inf")
+        weakref.finalize(self, _save_counts, self.root, self._tmp, self._unsaved)
         # Chunk bytes served to and fetched from peers since start (node/storage/transfer.py
         # counts them, in the event loop); /metrics shows them.
         self.traffic = {"sent": 0, "received": 0}
@@ -317,23 +327,19 @@ class BlobStore:
                 )
 
     def _count(self, name: str, n: int = 1) -> None:
-        counts = self._counts()
-        counts[name] = counts.get(name, 0) + n
-        fd, tmp = _mkstemp(self._tmp)
-        with os.fdopen(fd, "w") as f:
-            json.dump(counts, f)
-        os.rename(tmp, self.root / "stats.json")
+        self._unsaved[name] += n
+        if time.monotonic() - self._saved_at >= COUNTS_SAVED_EVERY_S:
+            self.save_counts()
+
+    def save_counts(self) -> None:
+        """Add the counts kept in memory to ``stats.json``."""
+        self._saved_at = time.monotonic()
+        _save_counts(self.root, self._tmp, self._unsaved)
 
     def _counts(self) -> dict[str, int]:
-        try:
-            counts = json.loads((self.root / "stats.json").read_text())
-        except (FileNotFoundError, ValueError):
-            return {}
-        return (
-            {k: v for k, v in counts.items() if isinstance(v, int)}
-            if isinstance(counts, dict)
-            else {}
-        )
+        counts = Counter(_saved_counts(self.root))
+        counts.update(self._unsaved)
+        return counts
 
     def stats(self) -> StoreStats:
         sizes = {}
@@ -546,6 +552,33 @@ class BlobWriter:
             raise CorruptBlob(self._expect, digest)
         self._store._commit(self._tmp, digest)
         return digest
+
+
+def _saved_counts(root: Path) -> dict[str, int]:
+    try:
+        counts = json.loads((root / "stats.json").read_text())
+    except (FileNotFoundError, ValueError):
+        return {}
+    if not isinstance(counts, dict):
+        return {}
+    return {k: v for k, v in counts.items() if isinstance(v, int)}
+
+
+def _save_counts(root: Path, tmp: Path, unsaved: Counter[str]) -> None:
+    """Add ``unsaved`` to ``root/stats.json``, and empty it. Also a finalizer, so it does
+    not hold the store."""
+    if not unsaved:
+        return
+    counts = Counter(_saved_counts(root))
+    counts.update(unsaved)
+    unsaved.clear()
+    try:
+        fd, name = _mkstemp(tmp)
+        with os.fdopen(fd, "w") as f:
+            json.dump(counts, f)
+        os.rename(name, root / "stats.json")
+    except OSError as exc:  # a store removed under us, or another user's: counts are advisory
+        log.debug("store counts not saved in %s: %s", root, exc)
 
 
 def _mkstemp(directory: Path) -> tuple[int, str]:
