@@ -37,7 +37,6 @@ from protocol.negotiation import (
     BuyerEvent,
     NegotiationState,
     buyer_machine,
-    sign_terms,
     terms_bytes,
     terms_from_match,
 )
@@ -118,8 +117,14 @@ class Buying:
             raise LocalProtocolError(Reason.ILLEGAL_TRANSITION, "no accept to agree to")
         deal.machine.fire(BuyerEvent.EVIDENCE_VERIFIED)
         terms = deal.proposal.payload.terms
-        agreement = Agreement.assemble(
-            terms, sign_terms(self.trader.key, terms), deal.accept.payload.terms_signature
+        raw = terms_bytes(terms)
+        # Not Agreement.assemble, which verifies both signatures: ours is new, and
+        # receive_reply verified the provider's.
+        agreement = Agreement(
+            terms=terms,
+            terms_bytes=raw,
+            buyer_signature=self.trader.key.sign(AGREEMENT_DOMAIN, raw),
+            provider_signature=deal.accept.payload.terms_signature,
         )
         self.agreements[agreement.id] = agreement
         self.jobs[agreement.id] = job_machine()

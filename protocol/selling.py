@@ -458,8 +458,9 @@ class Selling:
         lifetime = self.trader.policy.max_lifetime_ms["usage-receipt"]
         return self.trader.seal(receipt, nonce, now_ms, lifetime)
 
-    def receive_countersigned(self, wire: bytes) -> LedgerEntry:
-        """The buyer's countersignature arrived; settle.
+    def receive_countersigned(self, wire: bytes) -> tuple[CountersignedReceipt, LedgerEntry]:
+        """The buyer's countersignature arrived; settle. The receipt, verified, and what it
+        wrote in the ledger.
 
         Raises:
             DecodeError, InvalidMessage: not our receipt, countersigned by its buyer.
@@ -468,7 +469,7 @@ class Selling:
         agreement = self.agreements[countersigned.receipt.payload.agreement_id]
         entry = self.trader.settle(agreement, countersigned)
         self.jobs[agreement.id].fire(JobState.SETTLED)
-        return entry
+        return countersigned, entry
 
     def resume(self, agreement: Agreement, state: JobState) -> None:
         """Take an agreement back from the node's database after a restart."""

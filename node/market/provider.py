@@ -80,7 +80,6 @@ from protocol.messages import (
 )
 from protocol.negotiation import Agreement, terms_hash
 from protocol.quotas import GroupUse, Quota, Quotas
-from protocol.receipts import CountersignedReceipt
 from protocol.selling import Selling
 
 __all__ = ["Provider", "Runner"]
@@ -658,16 +657,14 @@ class Provider:
             return False
 
     def _settle(self, item_id: int, countersigned: bytes) -> None:
-        entry = self.selling.receive_countersigned(countersigned)
+        settled, entry = self.selling.receive_countersigned(countersigned)
         receipt = self.db.receipt(entry.agreement_id)
         assert receipt is not None  # saved when it was queued
         with self.db.atomic():
             self.db.settle(entry, receipt[0], countersigned, self.market.now_ms())
             self.db.set_agreement_state(entry.agreement_id, JobState.SETTLED.value)
             self.db.delivered(item_id)
-        agreement = self.selling.agreements[entry.agreement_id]
-        settled = CountersignedReceipt.from_wire(countersigned, {agreement.id: agreement})
-        self.market.on_settled(agreement, settled)
+        self.market.on_settled(self.selling.agreements[entry.agreement_id], settled)
         self.market.touch()
 
     # -- restart -----------------------------------------------------------------------

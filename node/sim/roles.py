@@ -218,7 +218,7 @@ class Provider(Role):
             elif kind == "agreement":
                 self.on_agreement(self.selling.receive_agreement(wire), src)
             elif kind == "countersigned":
-                entry = self.selling.receive_countersigned(wire)
+                _, entry = self.selling.receive_countersigned(wire)
                 self.earned += entry.amount
                 if self.score is not None:
                     self.score.paid += entry.amount

@@ -91,7 +91,8 @@ def test_offer_bid_match_agreement_receipt_settled(pair):
     countersigned = buyer.receive_receipt(receipt.wire, now_ms=T0 + 21)
     # the buyer learns where its logs are from the receipt it countersigned
     assert countersigned.receipt.payload.logs == (stdout,)
-    entry = provider.receive_countersigned(countersigned.to_wire())
+    settled, entry = provider.receive_countersigned(countersigned.to_wire())
+    assert settled.to_wire() == countersigned.to_wire()
 
     assert entry.amount == 30_000
     for side in (buyer, provider):
