@@ -470,6 +470,7 @@ async def serve_peer(
             await nursery.start(market.run)
             await nursery.start(Reputation(market, key).run)
             transfer.serve_blobs(net, store)
+            nursery.start_soon(save_store_counts, store)
             known: dict[bytes, list[bytes]] = {}
             for provider_key, name in db.trusted_aks():
                 known.setdefault(provider_key, []).append(name)
@@ -506,6 +507,13 @@ async def serve_peer(
         store.save_counts()
         db.close()
         held.release()
+
+
+async def save_store_counts(store: BlobStore) -> None:
+    """Write the store's hit and miss counts a second late at most, for ``cx store``."""
+    while True:
+        await trio.sleep(1)
+        store.save_counts()
 
 
 async def _libp2p(

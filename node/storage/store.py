@@ -17,9 +17,10 @@ Rules:
   whatever the caller names as live (a running job's image and inputs). An image losing a
   blob loses its ref. Use is recorded as the file's access time when a blob is read, mounted
   or found by a fetch; :meth:`lookup` counts a fetch's hits and misses in ``stats.json``
-  (``cx store`` reads it from another process). Counts add up in memory and are written
-  at most once a second and when the store is dropped or the process exits: the write
-  (a rename) costs half a millisecond, and a lookup sits on every job's path.
+  (``cx store`` reads it from another process). Counts add up in memory until
+  :meth:`save_counts` (a node calls it every second) or until the store is dropped or the
+  process exits: the write (a rename) costs half a millisecond, and a lookup sits on every
+  job's path.
 - Large blobs move between nodes in 4 MiB chunks (protocol.content). A transfer in progress
   lives in ``partial/<hex>`` with a ``.have`` file of received chunk indices, so it resumes
   after a restart; it becomes a blob only when the whole digest checks out. Chunks are
@@ -99,9 +100,6 @@ class StoreStats:
     evicted_bytes: int
 
 
-COUNTS_SAVED_EVERY_S = 1.0
-
-
 class BlobStore:
     """A directory of sha256-named blobs. Safe for concurrent writers on one filesystem."""
 
@@ -122,7 +120,6 @@ class BlobStore:
             d.chmod(0o755)
         self._verified: dict[str, tuple[int, int, int]] = {}
         self._unsaved: Counter[str] = Counter()  # counts stats.json does not hold yet
-        self._saved_at = float("-inf")
         weakref.finalize(self, _save_counts, self.root, self._tmp, self._unsaved)
         # Chunk bytes served to and fetched from peers since start (node/storage/transfer.py
         # counts them, in the event loop); /metrics shows them.
@@ -328,12 +325,9 @@ class BlobStore:
 
     def _count(self, name: str, n: int = 1) -> None:
         self._unsaved[name] += n
-        if time.monotonic() - self._saved_at >= COUNTS_SAVED_EVERY_S:
-            self.save_counts()
 
     def save_counts(self) -> None:
-        """Add the counts kept in memory to ``stats.json``."""
-        self._saved_at = time.monotonic()
+        """Add the counts kept in memory to ``stats.json``; nothing to write costs nothing."""
         _save_counts(self.root, self._tmp, self._unsaved)
 
     def _counts(self) -> dict[str, int]:

@@ -6,7 +6,10 @@ from __future__ import annotations
 import json
 import os
 
+import trio
+
 from node.cli import main
+from node.peer import save_store_counts
 from node.storage.home import NodeConfig, init_home
 from node.storage.image import build_rootfs, import_image, list_images
 from node.storage.store import BlobStore
@@ -84,6 +87,7 @@ def test_cx_store_shows_usage_budget_and_hits(tmp_path, capsys):
     store = BlobStore(home / "store")
     digest = store.put_bytes(b"x" * (12 * KiB))
     store.lookup(digest)
+    store.save_counts()  # as a node does every second; `cx store` reads what is saved
     assert main(["store", "--home", str(home), "--json"]) == 0
     figures = json.loads(capsys.readouterr().out)
     assert figures["budget_bytes"] == 10 * KiB
@@ -100,3 +104,15 @@ def _layout(tmp_path):
     out = tmp_path / "layout"
     build_rootfs(out)
     return out
+
+
+async def test_a_node_writes_its_store_counts_within_a_second(tmp_path, autojump_clock):
+    store = BlobStore(tmp_path / "store")
+    digest = store.put_bytes(b"data")
+    async with trio.open_nursery() as nursery:
+        nursery.start_soon(save_store_counts, store)
+        store.lookup(digest)
+        assert BlobStore(tmp_path / "store").stats().hits == 0  # in memory only, for now
+        await trio.sleep(1.5)  # virtual time (MockClock): past the node's next save
+        assert BlobStore(tmp_path / "store").stats().hits == 1
+        nursery.cancel_scope.cancel()
