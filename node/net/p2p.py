@@ -25,13 +25,20 @@ This is the only module of the project that imports libp2p. Each pitfall of 0.8.
   outbound queue is above a high-water mark, so ``publish`` blocks (backpressure) instead
   of libp2p dropping.
 - ``Pubsub.publish`` never yields: the publisher checkpoints after each bundle.
+- Signed peer records: pubsub attaches the node's signed peer record to every RPC it
+  publishes, rebuilt from ``host.get_addrs()`` (multiaddr parsing) each time, and its
+  receiver checks and stores the record of every RPC twice, in pubsub's read loop and in
+  GossipSub's handler (a signature check each): about 0.8 ms of CPU per message between
+  two nodes, a quarter of a gossiped message's cost.
+  :func:`_reuse_peer_records` keeps the record built for 10 s, and takes a record a peer
+  sends again unchanged once a minute, which still refreshes its addresses' 2-hour TTL.
 - Stream throughput is CPU-bound in py-libp2p (bench/transfer.py), and two yamux defaults
   of 0.8.1 cost about 1 ms of CPU per MB on each side. Both have no parameter and are set
-  in :func:`_tune_yamux`; with :func:`_deepen_pubsub_queues` and
-  :func:`_defer_read_loop_writes` ("Bulk data both ways") they are the only changes this
-  module makes to libp2p; each is process-wide, idempotent, read by libp2p at call time,
-  and pinned by a test. Bulk blob transfer leaves libp2p for direct channels where it can
-  (node/net/direct.py).
+  in :func:`_tune_yamux`; with :func:`_deepen_pubsub_queues`,
+  :func:`_defer_read_loop_writes` ("Bulk data both ways") and :func:`_reuse_peer_records`
+  they are the only changes this module makes to libp2p; each is process-wide,
+  idempotent, read by libp2p at call time, and pinned by a test. Bulk blob transfer
+  leaves libp2p for direct channels where it can (node/net/direct.py).
 
   - Frame size: yamux's ``MAX_MESSAGE_SIZE`` (64 KiB, header included) exceeds a Noise
     message (65535 - 16 tag = 65519 bytes of plaintext), so each full DATA frame was
@@ -108,6 +115,7 @@ from libp2p.kad_dht.kad_dht import DHTMode, KadDHT
 from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.network.exceptions import SwarmException
 from libp2p.network.stream.exceptions import StreamEOF
+from libp2p.peer import peerstore as peerstore_module
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import InvalidAddrError, info_from_p2p_addr
 from libp2p.peer.peerstore import PeerStoreError
@@ -119,7 +127,9 @@ from libp2p.protocol_muxer.multiselect_client import (
     PROTOCOL_NOT_FOUND_MSG,
     MultiselectClient,
 )
+from libp2p.pubsub import gossipsub as gossipsub_module
 from libp2p.pubsub import pubsub as pubsub_module
+from libp2p.pubsub import utils as pubsub_utils
 from libp2p.pubsub.gossipsub import PROTOCOL_ID, PROTOCOL_ID_V11, GossipSub
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.pubsub.pubsub import Pubsub
@@ -327,14 +337,14 @@ _CONTROL_QUEUE = 256  # control frames (12 bytes each) waiting for the writer, p
 _control_queues: weakref.WeakKeyDictionary[Yamux, trio.MemorySendChannel[bytes]] = (
     weakref.WeakKeyDictionary()
 )
-_PATCHED: list[str] = []  # what _defer_read_loop_writes changed, so it changes it once
+_PATCHED: list[str] = []  # what the functions below changed, so each changes it once
 _WRITE_FAILURES = (BaseLibp2pError, trio.BrokenResourceError, trio.ClosedResourceError, OSError)
 
 
 def _defer_read_loop_writes() -> None:
     """Make yamux's read loop queue its control replies instead of writing them (module
     docstring, "Bulk data both ways"). Process-wide and idempotent, like the settings."""
-    if _PATCHED:
+    if "read-loop writes" in _PATCHED:
         return
     _PATCHED.append("read-loop writes")
     read_loop, write_frame = Yamux.handle_incoming, Yamux._write_frame
@@ -370,6 +380,56 @@ async def _write_control_frames(
         except _WRITE_FAILURES as exc:  # the connection is going; its read loop sees it too
             logger.debug("yamux control write to %s failed: %s", muxer.peer_id, exc)
             return
+
+
+PEER_RECORD_BUILT_FOR_S = 10.0  # our record is rebuilt after this (new addresses)
+PEER_RECORD_TAKEN_FOR_S = 60.0  # a peer's unchanged record is taken again after this
+_PEER_RECORDS_KEPT = 4096  # peers whose last record is remembered, per host
+
+
+def _reuse_peer_records() -> None:
+    """Build our signed peer record once per ``PEER_RECORD_BUILT_FOR_S`` rather than for
+    every pubsub RPC, and take a peer's record again only when it changed or after
+    ``PEER_RECORD_TAKEN_FOR_S`` (module docstring, "Signed peer records"). Pubsub and
+    GossipSub look both functions up in their modules at call time; ours call libp2p's in
+    the modules that define them. Process-wide and idempotent. Checked by
+    ``test_gossip_builds_and_checks_a_peer_record_once_not_per_message``.
+    """
+    if "peer records" in _PATCHED:
+        return
+    _PATCHED.append("peer records")
+    built: weakref.WeakKeyDictionary[Any, tuple[bytes, float]] = weakref.WeakKeyDictionary()
+    taken: weakref.WeakKeyDictionary[Any, dict[ID, tuple[bytes, float]]] = (
+        weakref.WeakKeyDictionary()
+    )
+
+    def record_to_send(host: Any) -> tuple[bytes, bool]:  # noqa: ANN401 - libp2p's IHost
+        now = time.monotonic()
+        kept = built.get(host)
+        if kept is not None and now - kept[1] < PEER_RECORD_BUILT_FOR_S:
+            return kept[0], False
+        envelope, fresh = peerstore_module.env_to_send_in_RPC(host)
+        built[host] = (envelope, now)
+        return envelope, fresh
+
+    def take_record(rpc: rpc_pb2.RPC, host: Any, peer_id: ID) -> bool:  # noqa: ANN401
+        if not rpc.HasField("senderRecord"):
+            return True
+        record, now = rpc.senderRecord, time.monotonic()
+        last = taken.setdefault(host, {})
+        seen = last.get(peer_id)
+        if seen is not None and seen[0] == record and now - seen[1] < PEER_RECORD_TAKEN_FOR_S:
+            return True  # the same bytes, checked and stored a moment ago
+        if not pubsub_utils.maybe_consume_signed_record(rpc, host, peer_id):
+            return False
+        if len(last) >= _PEER_RECORDS_KEPT:
+            last.clear()
+        last[peer_id] = (record, now)
+        return True
+
+    for module in (pubsub_module, gossipsub_module):
+        module.env_to_send_in_RPC = record_to_send  # type: ignore[attr-defined]
+        module.maybe_consume_signed_record = take_record  # type: ignore[attr-defined]
 
 
 class _PipelinedSelect(MultiselectClient):
@@ -1279,6 +1339,7 @@ async def serve_network(
     _check_libp2p_version()
     _deepen_pubsub_queues(tuning)
     _tune_yamux()
+    _reuse_peer_records()
     host = _build_host(key, config)
     router = GossipSub(
         protocols=[PROTOCOL_ID_V11, PROTOCOL_ID],

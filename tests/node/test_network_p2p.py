@@ -24,6 +24,7 @@ from libp2p.network.config import ConnectionConfig, RetryConfig
 from libp2p.peer.id import ID
 from libp2p.peer.peerinfo import info_from_p2p_addr
 from libp2p.pubsub import pubsub as pubsub_module
+from libp2p.pubsub import utils as pubsub_utils
 from libp2p.pubsub.pb import rpc_pb2
 from libp2p.security.insecure.transport import PLAINTEXT_PROTOCOL_ID, InsecureTransport
 from libp2p.security.noise.io import MAX_PLAINTEXT_LENGTH
@@ -31,6 +32,7 @@ from libp2p.security.secio.transport import ID as SECIO_PROTOCOL_ID
 from libp2p.security.secio.transport import Transport as SecioTransport
 from libp2p.stream_muxer.yamux import yamux as yamux_module
 
+from node.net import p2p
 from node.net.p2p import GossipTuning, P2PConfig, P2PNetwork, serve_network
 from node.net.transport import (
     DialError,
@@ -252,6 +254,46 @@ async def test_gossipsub_is_tuned_and_pubsub_queues_are_deepened() -> None:
         assert all(queue.push(rpc_pb2.RPC()) for _ in range(1000))
         assert len(a.pubsub.peer_queues) == 1
         assert type(next(iter(a.pubsub.peer_queues.values()))) is type(queue)
+
+
+async def test_gossip_builds_and_checks_a_peer_record_once_not_per_message(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """0.8.1 rebuilt our signed peer record from ``host.get_addrs()`` for every pubsub RPC
+    and the receiver checked each record it got (``consume_envelope``, a signature) twice.
+    Now messages reuse the record, and the receiver takes it again only after a while."""
+    async with open_nodes(2) as (a, b):
+        await a.connect(b.listen_addrs[0])
+        await a.subscribe(TOPIC, accept_all)
+        channel = await b.subscribe(TOPIC, accept_all)
+
+        async def gossip(count: int) -> None:
+            for n in range(count):
+                await a.publish(TOPIC, b"message %d" % n)
+                assert (await channel.receive()).data == b"message %d" % n
+
+        with trio.fail_after(BOUND):
+            await a.wait_subscribed(b.peer_id, TOPIC)
+            await gossip(1)  # the first message may build and take the record
+        assert b.host.get_peerstore().get_peer_record(a.host.get_id()) is not None
+        calls: list[str] = []
+        get_addrs, consume = a.host.get_addrs, pubsub_utils.consume_envelope
+        monkeypatch.setattr(a.host, "get_addrs", lambda: (calls.append("built"), get_addrs())[1])
+        monkeypatch.setattr(
+            pubsub_utils,
+            "consume_envelope",
+            lambda *args: (calls.append("taken"), consume(*args))[1],
+        )
+        monkeypatch.setattr(p2p, "PEER_RECORD_BUILT_FOR_S", 3600.0)  # no timing here
+        monkeypatch.setattr(p2p, "PEER_RECORD_TAKEN_FOR_S", 3600.0)
+        with trio.fail_after(BOUND):
+            await gossip(20)
+        assert calls == []
+        monkeypatch.setattr(p2p, "PEER_RECORD_TAKEN_FOR_S", 0.0)  # taken again each time
+        with trio.fail_after(BOUND):
+            await gossip(20)
+        assert calls.count("taken") >= 20
+        assert "built" not in calls
 
 
 async def test_libp2p_warnings_reach_our_handlers(caplog: pytest.LogCaptureFixture) -> None:
