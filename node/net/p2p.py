@@ -88,6 +88,7 @@ from __future__ import annotations
 
 import contextlib
 import contextvars
+import functools
 import hashlib
 import logging
 import os
@@ -544,7 +545,9 @@ def _build_host(key: PrivateKey, config: P2PConfig) -> BasicHost:
     return host
 
 
+@functools.lru_cache(maxsize=4096)
 def _peer(peer_id: ID) -> PeerId:
+    # Asked for every gossip delivery and stream; base58 in Python costs ~40 µs each time.
     return PeerId(peer_id.to_base58())
 
 
