@@ -55,6 +55,7 @@ from bench.transfer import cpu_seconds
 from node.exec.executor import Executor
 from node.market.request import JobRequest, build_request
 from node.peer import Peer, open_peer
+from node.storage.db import JobRow
 from node.storage.home import NodeConfig, ProviderConfig, init_home
 from node.storage.image import build_rootfs, import_image
 from node.storage.store import BlobStore
@@ -89,17 +90,23 @@ class RunClock:
         executor.run_job = timed  # type: ignore[method-assign]
 
 
+async def succeeded(buyer: Peer, request: JobRequest, timeout_s: float = 60) -> JobRow:
+    """Submit a job and wait until it ends; the job. Raises RuntimeError unless it succeeded."""
+    job = await buyer.submit(request)
+    with trio.fail_after(timeout_s):
+        done = await buyer.wait(job.id)
+    if done.state != "succeeded":
+        raise RuntimeError(f"job {job.id} ended {done.state}: {done.detail}")
+    return done
+
+
 async def one_job(buyer: Peer, request: JobRequest, clock: RunClock) -> dict[str, float]:
     """Submit one job and wait for it; its latency and phases in ms."""
     spans = len(clock.spans)
     t0, wall0 = time.perf_counter(), time.time() * 1000
-    job = await buyer.submit(request)
-    with trio.fail_after(60):
-        done = await buyer.wait(job.id)
+    job = await succeeded(buyer, request)
     total = (time.perf_counter() - t0) * 1000
     wall1 = time.time() * 1000
-    if done.state != "succeeded":
-        raise RuntimeError(f"job {job.id} ended {done.state}: {done.detail}")
     at = {e["state"]: e["at_ms"] for e in buyer.db.events(job.id)}
     run_start, run_end = clock.spans[spans]
     return {
@@ -118,11 +125,7 @@ async def market_throughput(buyer: Peer, request: JobRequest, concurrency: int, 
 
     async def worker(n: int) -> None:
         for _ in range(n):
-            job = await buyer.submit(request)
-            with trio.fail_after(120):
-                done = await buyer.wait(job.id)
-            if done.state != "succeeded":
-                raise RuntimeError(f"job {job.id} ended {done.state}: {done.detail}")
+            await succeeded(buyer, request, timeout_s=120)
 
     t0 = time.perf_counter()
     async with trio.open_nursery() as nursery:
@@ -233,11 +236,7 @@ async def split(args: argparse.Namespace, work: Path, request: JobRequest) -> di
 
 async def total_ms(buyer: Peer, request: JobRequest) -> float:
     t0 = time.perf_counter()
-    job = await buyer.submit(request)
-    with trio.fail_after(60):
-        done = await buyer.wait(job.id)
-    if done.state != "succeeded":
-        raise RuntimeError(f"job {job.id} ended {done.state}: {done.detail}")
+    await succeeded(buyer, request)
     return (time.perf_counter() - t0) * 1000
 
 
