@@ -7,11 +7,11 @@ spec/reputation.md states the rules. The parts here:
   a node's own receipts count at once, with no exchange. The provider (payee) then asks
   the buyer (payer) for its signature on the ``/cx/job/1`` stream it keeps open to it
   (node/market/joblink.py; ``/cx/summary/1`` if the buyer refuses the ask there); the
-  buyer checks the summary is
-  the one it derived itself, signs, stores and publishes it, and answers with its
-  signature; the provider stores the doubly signed summary. Only the buyer publishes it:
-  a second copy is the same summary, which every other node would verify and then drop
-  as replayed (one gossip message cost both nodes about 8 ms of CPU, bench/latency.py).
+  buyer checks the summary is the one it derived itself, signs, stores and publishes it,
+  and answers with its signature; the provider stores the doubly signed summary. Only the
+  buyer publishes it: a second copy is the same summary, which every other node would
+  verify and then drop as replayed (a gossip message costs two nodes milliseconds of CPU
+  in py-libp2p, node/net/p2p.py).
   Each side verifies only the other's signature: its own it has just made. A restarted
   provider asks again for every summary still missing the buyer's signature.
 - *Gossip.* Summaries travel on ``cx/summaries/1``; the topic validator admits them with

@@ -11,7 +11,7 @@ Rules:
   (BlobStore.read_chunk, or read_chunk_into the channel's own buffer over a direct
   channel); a bad request ends the stream after its error reply.
 - Fetching: the manifest comes from the first peer that has the blob and must name it.
-  The missing chunks (BlobStore.missing_chunks, so a transfer resumes) are then pulled from
+  The missing chunks (PartialBlob.missing, so a transfer resumes) are then pulled from
   every peer at once, over several streams per peer, each asking for a few chunks at a
   time: one yamux stream alone stays far below the link (PLATFORM.md). The first batches
   are dealt round-robin over the peers; then idle streams take what is left. Each chunk is
